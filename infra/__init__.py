@@ -1,0 +1,1 @@
+"""trainstack's control side: the Pulumi program, its components and the provisioning."""

@@ -1,0 +1,110 @@
+"""The training cluster on the local Docker engine: network, storage, nodes, outputs."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import pulumi
+
+from infra import topology
+from infra.components.node import Node, NodeArgs
+from infra.config import StackConfig
+from infra.local_docker import Network, RandomSecret, Volume
+from infra.topology import LABEL_DATA
+
+
+@dataclass
+class ClusterArgs:
+    config: StackConfig
+    project: str
+    stack: str
+
+
+class Cluster(pulumi.ComponentResource):
+    """Servers, storage and network of one stack, and what the provisioning needs."""
+
+    nodes: pulumi.Output[list[dict]]
+    spark_master_url: str
+    ui_urls: pulumi.Output[dict[str, str]]
+    inventory: pulumi.Output[dict]
+    spark_auth_secret: pulumi.Output[str]
+
+    def __init__(
+        self, name: str, args: ClusterArgs, opts: pulumi.ResourceOptions | None = None
+    ) -> None:
+        super().__init__("trainstack:cluster:Cluster", name, None, opts)
+        config = args.config
+        prefix = topology.resource_prefix(config, args.stack)
+        labels = topology.labels(args.project, prefix)
+        plan = topology.plan(config)
+        child = pulumi.ResourceOptions(parent=self)
+
+        self.network_name = f"{prefix}-net"
+        network = Network("network", name=self.network_name, labels=labels, opts=child)
+
+        # Shared storage: the data set and shards, checkpoints, models and metrics.
+        shared: dict[str, str] = {}
+        for suffix, target in topology.SHARED_MOUNTS.items():
+            volume_name = f"{prefix}-{suffix}"
+            Volume(
+                suffix,
+                name=volume_name,
+                labels={**labels, LABEL_DATA: "true"},
+                opts=pulumi.ResourceOptions(parent=self, retain_on_delete=config.retain_data),
+            )
+            shared[volume_name] = target
+
+        nodes = {
+            spec.key: Node(
+                spec.key,
+                NodeArgs(
+                    spec=spec,
+                    prefix=prefix,
+                    image=config.base_image,
+                    network_name=self.network_name,
+                    network_id=network.network_id,
+                    labels=labels,
+                    bind_address=config.bind_address,
+                    shared_mounts=shared,
+                    retain_data=config.retain_data,
+                ),
+                opts=pulumi.ResourceOptions(parent=self, depends_on=[network]),
+            )
+            for spec in plan
+        }
+
+        self.spark_auth_secret = RandomSecret("spark-auth-secret", opts=child).value
+        self.spark_master_url = topology.master_url(plan)
+        shown_host = "127.0.0.1" if config.bind_address == "0.0.0.0" else config.bind_address
+        addresses = pulumi.Output.all(**{k: n.address for k, n in nodes.items()})
+        masters = [spec.key for spec in plan if spec.ui_port is not None]
+        ports = pulumi.Output.all(**{k: nodes[k].ui_port for k in masters})
+        container_ids = pulumi.Output.all(**{k: n.container_id for k, n in nodes.items()})
+
+        self.ui_urls = ports.apply(
+            lambda p: {k: f"http://{shown_host}:{port}" for k, port in p.items() if port}
+        )
+        self.nodes = pulumi.Output.all(addresses, container_ids).apply(
+            lambda ac: [
+                {
+                    "name": spec.key,
+                    "container": f"{prefix}-{spec.key}",
+                    "roles": list(spec.roles),
+                    "address": ac[0][spec.key],
+                    "container_id": ac[1][spec.key],
+                }
+                for spec in plan
+            ]
+        )
+        self.inventory = addresses.apply(
+            lambda a: topology.inventory(config, prefix, plan, addresses=a)
+        )
+        self.register_outputs(
+            {
+                "nodes": self.nodes,
+                "spark_master_url": self.spark_master_url,
+                "ui_urls": self.ui_urls,
+                "inventory": self.inventory,
+                "network": self.network_name,
+            }
+        )

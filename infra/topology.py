@@ -1,0 +1,139 @@
+"""The cluster's shape as plain data: which nodes, with which roles, names and mounts.
+
+Pure functions of the config and the stack name, so the unit tests check the topology
+without Pulumi, and the components only turn this plan into resources.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from infra.config import StackConfig
+
+SPARK_MASTER_PORT = 7077
+SPARK_MASTER_UI_PORT = 8080
+ZOOKEEPER_CLIENT_PORT = 2181
+
+# Where the roles expect each volume (docs/provisioning.md is the contract).
+SHARED_MOUNTS = {
+    "data": "/srv/trainstack/data",
+    "checkpoints": "/srv/trainstack/checkpoints",
+    "models": "/srv/trainstack/models",
+}
+ZOOKEEPER_MOUNT = "/var/lib/trainstack/zookeeper"
+SPARK_RECOVERY_MOUNT = "/var/lib/trainstack/spark-recovery"
+
+LABEL_PROJECT = "org.trainstack.project"
+LABEL_STACK = "org.trainstack.stack"
+LABEL_ROLES = "org.trainstack.roles"
+LABEL_NODE = "org.trainstack.node"
+LABEL_DATA = "org.trainstack.data"
+
+
+@dataclass(frozen=True)
+class NodeSpec:
+    """One server of the cluster. `key` is its hostname and inventory name."""
+
+    key: str
+    group: str  # "control" or "workers"
+    roles: tuple[str, ...]
+    cpus: float
+    memory: str
+    zookeeper_id: int | None = None
+    ui_port: int | None = None  # host port for the Spark master UI; 0: the engine picks
+    volumes: dict[str, str] = field(default_factory=dict)  # volume suffix -> mount path
+
+    @property
+    def is_master(self) -> bool:
+        return "spark_master" in self.roles
+
+
+def plan(config: StackConfig) -> list[NodeSpec]:
+    nodes: list[NodeSpec] = []
+    for i in range(1, config.control_nodes + 1):
+        master = i <= config.masters
+        volumes = {f"zookeeper-control-{i}": ZOOKEEPER_MOUNT}
+        if master:
+            volumes[f"spark-recovery-control-{i}"] = SPARK_RECOVERY_MOUNT
+        nodes.append(
+            NodeSpec(
+                key=f"control-{i}",
+                group="control",
+                roles=("zookeeper", "spark_master") if master else ("zookeeper",),
+                cpus=config.control_cpus,
+                memory=config.control_memory,
+                zookeeper_id=i,
+                ui_port=(config.ui_port_base + i - 1 if config.ui_port_base else 0)
+                if master
+                else None,
+                volumes=volumes,
+            )
+        )
+    for i in range(1, config.workers + 1):
+        nodes.append(
+            NodeSpec(
+                key=f"worker-{i}",
+                group="workers",
+                roles=("spark_worker", "tensorflow"),
+                cpus=config.worker_cpus,
+                memory=config.worker_memory,
+            )
+        )
+    return nodes
+
+
+def resource_prefix(config: StackConfig, stack: str) -> str:
+    """Engine-side names start with this, so stacks live side by side on one engine."""
+    return f"{config.name_prefix}-{stack}"
+
+
+def master_url(nodes: list[NodeSpec]) -> str:
+    masters = [n.key for n in nodes if n.is_master]
+    return "spark://" + ",".join(f"{m}:{SPARK_MASTER_PORT}" for m in masters)
+
+
+def zookeeper_connect(nodes: list[NodeSpec]) -> str:
+    return ",".join(f"{n.key}:{ZOOKEEPER_CLIENT_PORT}" for n in nodes if n.zookeeper_id)
+
+
+def labels(project: str, prefix: str, **extra: str) -> dict[str, str]:
+    return {LABEL_PROJECT: project, LABEL_STACK: prefix, **extra}
+
+
+def inventory(
+    config: StackConfig,
+    prefix: str,
+    nodes: list[NodeSpec],
+    addresses: dict[str, str] | None = None,
+) -> dict:
+    """An Ansible YAML inventory (as a dict) for the local stack's containers."""
+    addresses = addresses or {}
+    groups: dict[str, dict] = {
+        name: {"hosts": {}}
+        for name in ("control", "workers", "zookeeper", "spark_master", "spark_worker", "tensorflow")
+    }
+    for node in nodes:
+        host: dict = {
+            "ansible_host": f"{prefix}-{node.key}",
+            "trainstack_node_address": addresses.get(node.key, ""),
+        }
+        if node.zookeeper_id is not None:
+            host["trainstack_zookeeper_id"] = node.zookeeper_id
+        if "spark_worker" in node.roles:
+            host["trainstack_spark_worker_cores"] = config.worker_spark_cores
+            host["trainstack_spark_worker_memory"] = config.worker_spark_memory
+        groups[node.group]["hosts"][node.key] = host
+        for role in node.roles:
+            groups[role]["hosts"][node.key] = {}
+    return {
+        "all": {
+            "vars": {
+                "ansible_connection": "community.docker.docker",
+                "ansible_python_interpreter": "/usr/bin/python3",
+                "trainstack_stack": prefix,
+                "trainstack_spark_master_url": master_url(nodes),
+                "trainstack_zookeeper_connect": zookeeper_connect(nodes),
+            },
+            "children": groups,
+        }
+    }

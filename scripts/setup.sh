@@ -1,0 +1,268 @@
+#!/usr/bin/env bash
+# One idempotent setup for trainstack. Each step checks whether its result is
+# already there and does nothing if so; a failed step names itself, the command it
+# ran and the last lines of its log, and the next run resumes from it.
+#
+#   scripts/setup.sh            all steps
+#   scripts/setup.sh STEP...    only these steps (names as printed)
+set -euo pipefail
+
+ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+cd "$ROOT"
+# shellcheck source=/dev/null
+. "$ROOT/versions.env"
+TRAINSTACK_BASE_IMAGE=${TRAINSTACK_BASE_IMAGE_OVERRIDE:-$TRAINSTACK_BASE_IMAGE}
+
+TOOLS="$ROOT/tools"
+BIN="$TOOLS/bin"
+VENV="$ROOT/.venv"
+STATE="$ROOT/.setup"
+LOGS="$STATE/logs"
+# Built toolchains are also kept per user, so a second clone reuses them.
+CACHE="${TRAINSTACK_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/trainstack}"
+DOCKERD_LOG="${TRAINSTACK_DOCKERD_LOG:-$STATE/dockerd.log}"
+mkdir -p "$BIN" "$LOGS" "$CACHE"
+export PATH="$PATH:/usr/local/go/bin"
+eval "$("$ROOT/scripts/env.sh")"
+
+say() { printf '[setup] %s\n' "$*"; }
+
+# run_step NAME FUNCTION: times the step, logs its output, explains failures.
+run_step() {
+  local name=$1 fn=$2 start log rc
+  start=$(date +%s)
+  log="$LOGS/$name.log"
+  : >"$log"
+  say "$name ..."
+  set +e
+  ( set -euo pipefail; "$fn" ) >>"$log" 2>&1
+  rc=$?
+  set -e
+  if [ $rc -ne 0 ]; then
+    say "FAILED step '$name' (exit $rc). Last lines of $log:"
+    tail -n 25 "$log" | sed 's/^/    /'
+    say "Fix the cause and run 'make setup' again; finished steps are not redone."
+    exit $rc
+  fi
+  say "$name: $(tail -n 1 "$log") ($(( $(date +%s) - start ))s)"
+}
+
+# Each step prints what it did as its last line.
+log_cmd() { printf '+ %s\n' "$*"; "$@"; }
+
+apt_install() {
+  if [ "$(id -u)" != 0 ]; then
+    echo "need root to apt-get install $*; install them yourself or run setup as root"
+    return 1
+  fi
+  if [ ! -f "$STATE/apt-updated" ]; then
+    log_cmd apt-get update -qq
+    touch "$STATE/apt-updated"
+  fi
+  DEBIAN_FRONTEND=noninteractive log_cmd apt-get install -y -qq --no-install-recommends "$@"
+}
+
+step_os_packages() {
+  local missing=()
+  command -v curl >/dev/null || missing+=(curl)
+  command -v git >/dev/null || missing+=(git)
+  python3 -c 'import venv, ensurepip' 2>/dev/null || missing+=(python3-venv)
+  if [ ${#missing[@]} -gt 0 ]; then apt_install "${missing[@]}"; fi
+  echo "present: curl git python3-venv"
+}
+
+step_java() {
+  if java -version 2>&1 | grep -q 'version "17'; then
+    echo "Java 17 present: $(command -v java)"
+    return
+  fi
+  apt_install openjdk-17-jre-headless
+  java -version 2>&1 | head -n 1
+}
+
+step_docker_engine() {
+  if docker info >/dev/null 2>&1; then
+    echo "using the engine that answers: $(docker info --format '{{.ServerVersion}}' 2>/dev/null)"
+    return
+  fi
+  if ! command -v dockerd >/dev/null; then
+    apt_install docker.io
+  fi
+  if ! docker info >/dev/null 2>&1; then
+    echo "starting dockerd in the background, log: $DOCKERD_LOG"
+    nohup dockerd >"$DOCKERD_LOG" 2>&1 &
+    for _ in $(seq 60); do
+      docker info >/dev/null 2>&1 && break
+      sleep 1
+    done
+  fi
+  if ! docker info >/dev/null 2>&1; then
+    echo "dockerd did not answer within 60 s; see $DOCKERD_LOG"
+    tail -n 20 "$DOCKERD_LOG"
+    return 1
+  fi
+  echo "started dockerd $(docker info --format '{{.ServerVersion}}'), log: $DOCKERD_LOG"
+}
+
+step_base_image() {
+  local image=$TRAINSTACK_BASE_IMAGE rootfs
+  if docker image inspect "$image" >/dev/null 2>&1; then
+    echo "image $image present"
+    return
+  fi
+  if timeout 60 docker pull "$image"; then
+    echo "pulled $image"
+    return
+  fi
+  echo "no registry answered; building $image locally with debootstrap"
+  command -v debootstrap >/dev/null || apt_install debootstrap
+  rootfs=$(mktemp -d "${TMPDIR:-/tmp}/trainstack-rootfs.XXXXXX")
+  # python3 lets Ansible manage the node without a bootstrap round trip.
+  log_cmd debootstrap --variant=minbase --include=python3,ca-certificates \
+    "$TRAINSTACK_DEBIAN_SUITE" "$rootfs" "$TRAINSTACK_DEBIAN_MIRROR"
+  tar -C "$rootfs" -c . | docker import \
+    -c 'CMD ["/bin/bash"]' \
+    -c 'LABEL org.trainstack.built-by=debootstrap' \
+    - "$image"
+  rm -rf "$rootfs"
+  echo "built $image locally ($(docker image inspect -f '{{.Size}}' "$image") bytes)"
+}
+
+pulumi_version_ok() {
+  [ -x "$BIN/pulumi" ] && [ "$("$BIN/pulumi" version 2>/dev/null)" = "v$PULUMI_VERSION" ]
+}
+
+# The SDK module carries the scripts the CLI's release archive ships beside it.
+sdk_module_dir() {
+  local dir
+  dir=$(cd "$TOOLS" && GOFLAGS=-mod=mod go mod download -json \
+    "github.com/pulumi/pulumi/sdk/v3@v$PULUMI_VERSION" | sed -n 's/.*"Dir": "\(.*\)".*/\1/p')
+  [ -d "$dir" ] || { echo "could not download the sdk/v3 module"; return 1; }
+  echo "$dir"
+}
+
+build_pulumi_from_modules() {
+  command -v go >/dev/null || { echo "Go is needed to build the Pulumi CLI; install golang"; return 1; }
+  local work=$STATE/pulumi-build
+  mkdir -p "$work"
+  # A throwaway wrapper module: pkg/v3 and sdk/v3 at one version. Their own go.mod
+  # files carry local-path replace lines, so `go install pkg@version` is refused.
+  cat >"$work/go.mod" <<EOF
+module trainstack.local/pulumi-build
+
+go 1.24
+
+require (
+	github.com/pulumi/pulumi/pkg/v3 v$PULUMI_VERSION
+	github.com/pulumi/pulumi/sdk/v3 v$PULUMI_VERSION
+)
+EOF
+  cat >"$work/tools.go" <<'EOF'
+//go:build tools
+
+package tools
+
+import _ "github.com/pulumi/pulumi/pkg/v3/cmd/pulumi"
+EOF
+  (cd "$work" && log_cmd go mod tidy && log_cmd go build -trimpath \
+    -ldflags "-s -w -X github.com/pulumi/pulumi/sdk/v3/go/common/version.Version=v$PULUMI_VERSION" \
+    -o "$work/pulumi" github.com/pulumi/pulumi/pkg/v3/cmd/pulumi)
+  install -m 0755 "$work/pulumi" "$BIN/pulumi"
+}
+
+step_pulumi_cli() {
+  local cached="$CACHE/pulumi-v$PULUMI_VERSION/pulumi"
+  if [ "${TRAINSTACK_USE_SYSTEM_PULUMI:-0}" = 1 ]; then
+    echo "using the Pulumi CLI on PATH: $(command -v pulumi) $(pulumi version)"
+    return
+  fi
+  if pulumi_version_ok; then
+    echo "pulumi v$PULUMI_VERSION present in $BIN"
+    return
+  fi
+  if [ -x "$cached" ]; then
+    install -m 0755 "$cached" "$BIN/pulumi"
+    echo "pulumi v$PULUMI_VERSION from the user cache $cached"
+    return
+  fi
+  if timeout 20 curl -fsSL -o "$STATE/get-pulumi.sh" https://get.pulumi.com 2>/dev/null; then
+    echo "official installer reachable; installing v$PULUMI_VERSION"
+    sh "$STATE/get-pulumi.sh" --version "$PULUMI_VERSION" --install-root "$STATE/pulumi-official" --no-edit-path
+    install -m 0755 "$STATE/pulumi-official/bin/pulumi" "$BIN/pulumi"
+  else
+    echo "official installer not reachable; building from the Go module proxy (takes a while once)"
+    build_pulumi_from_modules
+  fi
+  mkdir -p "$(dirname "$cached")"
+  cp "$BIN/pulumi" "$cached"
+  echo "installed $("$BIN/pulumi" version) into $BIN"
+}
+
+step_pulumi_python_host() {
+  local sdk
+  sdk=$(sdk_module_dir)
+  # Scripts from the SDK module: the program launcher and the dynamic-provider host.
+  install -m 0755 "$sdk/python/cmd/pulumi-language-python-exec" "$BIN/pulumi-language-python-exec"
+  install -m 0755 "$sdk/python/dist/pulumi-resource-pulumi-python" "$BIN/pulumi-resource-pulumi-python"
+  # The Python language host: the project's own (scripts/langhost), run by the venv.
+  cat >"$BIN/pulumi-language-python" <<EOF
+#!/bin/sh
+# Installed by trainstack's setup; see scripts/langhost/pulumi_language_python.py.
+PULUMI_LANGUAGE_PYTHON_EXEC="$BIN/pulumi-language-python-exec" export PULUMI_LANGUAGE_PYTHON_EXEC
+exec "$VENV/bin/python" "$ROOT/scripts/langhost/pulumi_language_python.py" "\$@"
+EOF
+  chmod 0755 "$BIN/pulumi-language-python"
+  echo "language host and SDK scripts in $BIN (from sdk/v3 v$PULUMI_VERSION)"
+}
+
+venv_stamp() {
+  cat constraints.txt pyproject.toml training/pyproject.toml 2>/dev/null | sha256sum | cut -c1-16
+}
+
+step_python_env() {
+  local stamp
+  stamp=$(venv_stamp)
+  if [ -x "$VENV/bin/python" ] && [ "$(cat "$VENV/.trainstack-stamp" 2>/dev/null)" = "$stamp" ]; then
+    echo "virtual environment $VENV up to date"
+    return
+  fi
+  [ -x "$VENV/bin/python" ] || log_cmd python3 -m venv "$VENV"
+  log_cmd "$VENV/bin/pip" install -q --upgrade pip
+  log_cmd "$VENV/bin/pip" install -q -c constraints.txt -e ".[dev]"
+  if [ -f training/pyproject.toml ]; then
+    log_cmd "$VENV/bin/pip" install -q -c constraints.txt -e training/
+    # tf-keras' metadata drags in the full `tensorflow` over `tensorflow-cpu`.
+    log_cmd "$VENV/bin/pip" install -q --no-deps "tf-keras==$(grep -i '^tf-keras==' constraints.txt | cut -d= -f3)"
+  fi
+  echo "$stamp" >"$VENV/.trainstack-stamp"
+  echo "virtual environment $VENV ready ($("$VENV/bin/python" --version))"
+}
+
+step_pulumi_backend() {
+  mkdir -p "$ROOT/.pulumi-state"
+  chmod 0700 "$ROOT/.pulumi-state"
+  local pass="$ROOT/.pulumi-state/passphrase"
+  if [ ! -s "$pass" ]; then
+    # Default passphrase for local stacks: random, in a 0600 file, never printed.
+    (umask 077 && head -c 24 /dev/urandom | base64 >"$pass")
+  fi
+  chmod 0600 "$pass"
+  echo "backend file://$ROOT/.pulumi-state, passphrase file $pass"
+}
+
+step_check() {
+  pulumi version >/dev/null
+  pulumi plugin ls >/dev/null
+  echo "pulumi $(pulumi version); python $("$VENV/bin/python" --version 2>&1 | cut -d' ' -f2)"
+}
+
+ALL_STEPS=(os_packages java docker_engine base_image pulumi_cli python_env pulumi_python_host pulumi_backend check)
+steps=("$@")
+[ ${#steps[@]} -gt 0 ] || steps=("${ALL_STEPS[@]}")
+total_start=$(date +%s)
+for s in "${steps[@]}"; do
+  declare -F "step_$s" >/dev/null || { say "unknown step '$s'; steps: ${ALL_STEPS[*]}"; exit 2; }
+  run_step "$s" "step_$s"
+done
+touch "$STATE/done"
+say "setup complete in $(( $(date +%s) - total_start ))s"

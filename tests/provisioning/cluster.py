@@ -1,0 +1,115 @@
+"""Test cluster of Docker containers (the base image), created through the Docker API.
+
+Every object is labelled ``trainstack.test=<name>`` and removed by ``destroy``. Each container
+gets its own apt archive directory (a host bind mount) pre-seeded with hard links from a shared
+pool, and new .deb files are linked back into the pool afterwards: the nodes download Java and
+friends from Debian's mirror once per machine, without two apt processes sharing one lock.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import docker
+import docker.errors
+
+from infra.provisioning.inventory import Node, build_inventory, default_topology, generate_secret
+
+BASE_IMAGE = os.environ.get("TRAINSTACK_BASE_IMAGE", "debian:bookworm")
+CACHE = Path(os.environ.get("TRAINSTACK_CACHE", Path.home() / ".cache" / "trainstack"))
+APT_POOL = CACHE / "apt" / "pool"
+LABEL = "trainstack.test"
+# Memory per container: 3 x 1 GiB control + 2 x 2.5 GiB workers = 8 GiB (the default topology's budget).
+MEM = {"control": "1g", "worker": "2560m"}
+
+
+def _link_tree(src: Path, dst: Path) -> None:
+    dst.mkdir(parents=True, exist_ok=True)
+    for deb in src.glob("*.deb"):
+        target = dst / deb.name
+        if not target.exists():
+            try:
+                os.link(deb, target)
+            except OSError:
+                pass
+
+
+@dataclass
+class Cluster:
+    name: str
+    nodes: list[Node]
+    secret: str
+    network: str
+    containers: dict[str, str] = field(default_factory=dict)  # inventory host -> container name
+
+    def inventory(self, wheelhouse_dir: Path, **all_vars) -> dict:
+        return build_inventory(
+            self.nodes, stack=self.name, wheelhouse_dir=str(wheelhouse_dir), spark_auth_secret=self.secret,
+            all_vars=all_vars,
+        )
+
+
+def client() -> docker.DockerClient:
+    try:
+        c = docker.from_env()
+        c.ping()
+    except Exception as exc:  # noqa: BLE001
+        raise RuntimeError(f"Docker engine not reachable ({exc}); start dockerd first") from exc
+    try:
+        c.images.get(BASE_IMAGE)
+    except docker.errors.ImageNotFound as exc:
+        raise RuntimeError(f"base image {BASE_IMAGE} is missing locally (docker pull cannot work here)") from exc
+    return c
+
+
+def create(name: str, nodes: list[Node] | None = None) -> Cluster:
+    c = client()
+    destroy(name)
+    nodes = nodes or default_topology(name)
+    net = c.networks.create(f"{name}-net", driver="bridge", labels={LABEL: name})
+    cluster = Cluster(name=name, nodes=nodes, secret=generate_secret(), network=net.name)
+    for node in nodes:
+        apt_dir = CACHE / "apt" / "nodes" / node.address
+        _link_tree(APT_POOL, apt_dir)
+        (apt_dir / "partial").mkdir(parents=True, exist_ok=True)
+        kind = "control" if "control" in node.groups else "worker"
+        c.containers.run(
+            BASE_IMAGE,
+            command=["sleep", "infinity"],
+            name=node.address,
+            hostname=node.address,
+            detach=True,
+            init=True,
+            network=net.name,
+            labels={LABEL: name},
+            mem_limit=MEM[kind],
+            volumes={str(apt_dir): {"bind": "/var/cache/apt/archives", "mode": "rw"}},
+        )
+        cluster.containers[node.name] = node.address
+    return cluster
+
+
+def destroy(name: str) -> None:
+    c = docker.from_env()
+    for container in c.containers.list(all=True, filters={"label": f"{LABEL}={name}"}):
+        container.remove(force=True)
+    for net in c.networks.list(filters={"label": f"{LABEL}={name}"}):
+        net.remove()
+    nodes_dir = CACHE / "apt" / "nodes"
+    if nodes_dir.exists():
+        for apt_dir in nodes_dir.glob(f"{name}-*"):
+            _link_tree(apt_dir, APT_POOL)
+
+
+def wait_for(predicate, timeout: float, interval: float = 0.5, what: str = "condition"):
+    deadline = time.monotonic() + timeout
+    last = None
+    while time.monotonic() < deadline:
+        last = predicate()
+        if last:
+            return last
+        time.sleep(interval)
+    raise TimeoutError(f"{what} not reached within {timeout}s (last: {last!r})")

@@ -1,0 +1,70 @@
+"""Fixtures for the training package's tests (real Spark in local mode, real TensorFlow)."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+JAVA_HOMES = ("/usr/lib/jvm/java-17-openjdk-amd64", "/usr/lib/jvm/java-1.17.0-openjdk-amd64")
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    config.addinivalue_line("markers", "training: real Spark and TensorFlow runs")
+
+
+def _require_runtime() -> None:
+    """Fail (never skip) with the reason when Java or the Python packages are missing."""
+    if not os.environ.get("JAVA_HOME"):
+        for home in JAVA_HOMES:
+            if Path(home, "bin", "java").exists():
+                os.environ["JAVA_HOME"] = home
+                break
+    java = Path(os.environ["JAVA_HOME"], "bin", "java") if os.environ.get("JAVA_HOME") else None
+    if not (java and java.exists()) and not shutil.which("java"):
+        pytest.fail("Java is missing: Spark needs a JDK 17+ (apt-get install openjdk-17-jdk or "
+                    "set JAVA_HOME)", pytrace=False)
+    for module in ("pyspark", "tensorflow", "tf_keras", "trainstack_training"):
+        try:
+            __import__(module)
+        except ImportError as exc:
+            pytest.fail(f"{module} is not importable ({exc}); install training/ and "
+                        "`pip install --no-deps tf-keras==2.21.0`", pytrace=False)
+
+
+@pytest.fixture(scope="session", autouse=True)
+def training_runtime() -> None:
+    _require_runtime()
+
+
+@pytest.fixture(scope="session")
+def spark() -> Iterator[Any]:
+    """One local[2] session for the data-stage tests (the training tests use the CLI)."""
+    from trainstack_training.config import TrainConfig
+    from trainstack_training.launcher import build_session
+
+    session = build_session(TrainConfig(master="local[2]", slot_wait_seconds=3))
+    yield session
+    session.stop()
+
+
+def run_cli(args: list[str], timeout: int = 600) -> tuple[int, dict[str, Any], str]:
+    """Run `trainstack-train` in a fresh process; return (rc, last-line JSON, stderr)."""
+    proc = subprocess.run(
+        [sys.executable, "-m", "trainstack_training", *args],
+        capture_output=True, text=True, timeout=timeout, env=dict(os.environ),
+    )
+    lines = [ln for ln in proc.stdout.splitlines() if ln.strip()]
+    assert lines, f"no stdout; stderr tail:\n{proc.stderr[-3000:]}"
+    try:
+        summary = json.loads(lines[-1])
+    except json.JSONDecodeError:
+        pytest.fail(f"last stdout line is not JSON: {lines[-1]!r}\nstderr:\n{proc.stderr[-3000:]}")
+    return proc.returncode, summary, proc.stderr

@@ -1,0 +1,132 @@
+"""The data stage: generator, validation, split, shards, and every bad-input case."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from trainstack_training.config import ConfigError, TrainConfig, parse_args
+from trainstack_training.data import DataError, generate_digits, load_arrays, prepare
+from trainstack_training.launcher import ClusterError, check_slots
+
+pytestmark = pytest.mark.training
+
+
+def _cfg(tmp: Path, **kw: Any) -> TrainConfig:
+    return TrainConfig(output=str(tmp), **kw).validate()
+
+
+def test_generator_is_deterministic_and_scales(tmp_path: Path) -> None:
+    import pyarrow.parquet as pq
+
+    assert generate_digits(tmp_path / "a", rows=5000, seed=3) == 5000
+    assert generate_digits(tmp_path / "b", rows=5000, seed=3) == 5000
+    a = pq.read_table(tmp_path / "a").to_pandas()
+    b = pq.read_table(tmp_path / "b").to_pandas()
+    assert len(a) == 5000 and a.equals(b)
+    assert a["label"].between(0, 9).all()
+    # the copies are augmented, not duplicates of the 1797 originals
+    assert not np.allclose(a.iloc[:1797, :64].to_numpy(), a.iloc[1797:3594, :64].to_numpy())
+
+
+def test_prepare_digits_shards_split_normalise(spark: Any, tmp_path: Path) -> None:
+    cfg = _cfg(tmp_path, workers=2)
+    info = prepare(spark, cfg, tmp_path / "data")
+    assert info.total_rows == 1797 and info.n_features == 64 and len(info.shard_rows) == 2
+    assert info.train_rows + info.val_rows == 1797
+    assert 0.15 < info.val_rows / 1797 < 0.25
+    x, y = load_arrays(info.shard_dir(0))
+    assert x.shape == (info.shard_rows[0], 64) and x.min() >= 0.0 and x.max() <= 1.0
+    assert set(np.unique(y)) <= set(range(10))
+    again = prepare(spark, cfg, tmp_path / "data2")  # seeded: same split, same shards
+    assert again.shard_rows == info.shard_rows and again.val_rows == info.val_rows
+    xv1, _ = load_arrays(info.val_dir)
+    xv2, _ = load_arrays(again.val_dir)
+    assert np.array_equal(np.sort(xv1, axis=0), np.sort(xv2, axis=0))
+
+
+def test_csv_input(spark: Any, tmp_path: Path) -> None:
+    rng = np.random.default_rng(0)
+    df = pd.DataFrame({"a": rng.normal(size=400), "b": rng.normal(size=400),
+                       "y": rng.integers(0, 3, size=400)})
+    df.to_csv(tmp_path / "in.csv", index=False)
+    cfg = _cfg(tmp_path, data=str(tmp_path / "in.csv"), label_col="y", n_classes=3, workers=2)
+    info = prepare(spark, cfg, tmp_path / "data")
+    assert info.n_features == 2 and info.feature_cols == ["a", "b"] and info.total_rows == 400
+
+
+def _parquet(tmp: Path, df: pd.DataFrame) -> str:
+    path = tmp / "bad.parquet"
+    df.to_parquet(path)
+    return str(path)
+
+
+def _digits_df(n: int = 300) -> pd.DataFrame:
+    rng = np.random.default_rng(1)
+    df = pd.DataFrame(rng.random((n, 4)), columns=["f0", "f1", "f2", "f3"])
+    df["label"] = rng.integers(0, 10, size=n)
+    return df
+
+
+@pytest.mark.parametrize(
+    ("mutate", "kwargs", "pattern"),
+    [
+        (lambda d: d.drop(columns=["label"]), {}, r"label column 'label' is missing"),
+        (lambda d: d, {"feature_cols": "f0,nope"}, r"feature columns \['nope'\] are missing"),
+        (lambda d: d.assign(label=d["label"] + 0.5), {}, r"non-integer values \(e\.g\. "),
+        (lambda d: d.assign(label=d["label"].astype(str)), {},
+         r"has type string; it must hold integers in \[0, 10\)"),
+        (lambda d: d.assign(label=d["label"].where(d.index != 7, 12)), {},
+         r"label 12 .* out of range; labels must be integers in \[0, 10\)"),
+        (lambda d: d.assign(label=d["label"].where(d.index != 7, -1)), {},
+         r"label -1 .* out of range"),
+        (lambda d: d.iloc[:0], {}, r"is empty \(0 rows\)"),
+        (lambda d: d.iloc[:3], {"workers": 8}, r"fewer than workers=8"),
+        (lambda d: d.assign(f1="x"), {}, r"must be numeric; not numeric: \['f1 \(string\)'\]"),
+    ],
+    ids=["missing-label", "missing-feature", "fractional-label", "string-label",
+         "label-too-big", "label-negative", "empty", "fewer-rows-than-workers", "text-feature"],
+)
+def test_bad_data_fails_with_cause(spark: Any, tmp_path: Path, mutate: Any,
+                                   kwargs: dict[str, Any], pattern: str) -> None:
+    path = _parquet(tmp_path, mutate(_digits_df()))
+    cfg = _cfg(tmp_path, data=path, **kwargs)
+    with pytest.raises(DataError, match=pattern):
+        prepare(spark, cfg, tmp_path / "data")
+
+
+def test_unreachable_path_and_url(spark: Any, tmp_path: Path) -> None:
+    with pytest.raises(DataError, match=r"data path '/nonexistent/x.parquet' does not exist"):
+        prepare(spark, _cfg(tmp_path, data="/nonexistent/x.parquet"), tmp_path / "d")
+    with pytest.raises(DataError, match=r"data URL 'http://127.0.0.1:9/x.csv' is unreachable"):
+        prepare(spark, _cfg(tmp_path, data="http://127.0.0.1:9/x.csv"), tmp_path / "d")
+
+
+def test_shard_smaller_than_batch(spark: Any, tmp_path: Path) -> None:
+    path = _parquet(tmp_path, _digits_df(60))
+    with pytest.raises(DataError, match=r"fewer than batch_size=64"):
+        prepare(spark, _cfg(tmp_path, data=path, batch_size=64), tmp_path / "d")
+
+
+def test_not_enough_slots_fails_fast(spark: Any, tmp_path: Path) -> None:
+    # the session is local[2]: a 3-task barrier stage can never be scheduled
+    start = time.perf_counter()
+    with pytest.raises(ClusterError, match=r"fewer free task slots than workers=3"):
+        check_slots(spark, _cfg(tmp_path, workers=3, slot_wait_seconds=3))
+    assert time.perf_counter() - start < 60
+
+
+def test_config_flags_file_and_bad_values(tmp_path: Path) -> None:
+    f = tmp_path / "c.toml"
+    f.write_text('workers = 3\nepochs = 7\ndata = "digits"\n')
+    cfg = parse_args(["--config", str(f), "--epochs", "2", "--no-plot"])
+    assert (cfg.workers, cfg.epochs, cfg.plot) == (3, 2, False)
+    with pytest.raises(ConfigError, match=r"workers=0: must be >= 1"):
+        parse_args(["--workers", "0"])
+    with pytest.raises(ConfigError, match=r"unknown config keys \['bogus'\]"):
+        TrainConfig.from_dict({"bogus": 1})

@@ -1,0 +1,144 @@
+"""The training job's configuration: one typed dataclass, loadable from a file or CLI flags."""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import tomllib
+from dataclasses import dataclass, field, fields
+from pathlib import Path
+from typing import Any
+
+DIGITS = "digits"  # the offline default data set (scikit-learn's handwritten digits)
+
+
+class ConfigError(ValueError):
+    """A configuration value is invalid; the message names the value and what is allowed."""
+
+
+@dataclass
+class TrainConfig:
+    """Everything one training run needs. Field docs double as the CLI's help text."""
+
+    master: str = field(default="local[2]", metadata={"help": "Spark master URL "
+                        "(spark://m1:7077,m2:7077 for standby masters, local[N] for one machine)"})
+    workers: int = field(default=2, metadata={"help": "number of TensorFlow workers "
+                         "(= barrier tasks); 1 is the single-machine baseline"})
+    epochs: int = field(default=5, metadata={"help": "training epochs"})
+    batch_size: int = field(default=32, metadata={"help": "per-worker batch size; the global "
+                            "batch is batch_size x workers"})
+    learning_rate: float = field(default=1e-3, metadata={"help": "Adam learning rate"})
+    data: str = field(default=DIGITS, metadata={"help": "'digits' (built in), or a Parquet/CSV "
+                      "path or URL the cluster can read (file://, hdfs://, s3a://, http(s)://)"})
+    data_format: str = field(default="auto", metadata={"help": "auto, parquet or csv"})
+    rows: int = field(default=0, metadata={"help": "with --data digits: scale the set to this "
+                      "many rows with deterministic augmented copies (0 = the 1797 originals)"})
+    label_col: str = field(default="label", metadata={"help": "integer label column"})
+    feature_cols: str = field(default="", metadata={"help": "comma-separated feature columns "
+                              "(empty = every column except the label)"})
+    n_classes: int = field(default=10, metadata={"help": "labels must be integers in "
+                           "[0, n_classes)"})
+    val_fraction: float = field(default=0.2, metadata={"help": "validation share of the rows"})
+    seed: int = field(default=42, metadata={"help": "seed for split, shuffling and weights"})
+    output: str = field(default="./trainstack-output", metadata={"help": "run directory on "
+                        "storage shared by all workers (model, metrics, plot, shards, backup)"})
+    cores_per_worker: int = field(default=1, metadata={"help": "cores per TensorFlow worker "
+                                  "(spark.task.cpus); TensorFlow's threads are limited to it"})
+    max_attempts: int = field(default=4, metadata={"help": "barrier stage attempts before the "
+                              "job fails (spark.stage.maxConsecutiveAttempts)"})
+    slot_wait_seconds: int = field(default=10, metadata={"help": "how long to wait for enough "
+                                   "free slots for the barrier stage before failing"})
+    app_name: str = field(default="trainstack-train", metadata={"help": "Spark application name"})
+    plot: bool = field(default=True, metadata={"help": "write the training-curve PNG"})
+    # Test-only fault hook: the worker with this index SIGKILLs its own Python process at the
+    # start of this epoch (once: a marker file in the run directory records it). -1 = off.
+    fault_kill_epoch: int = field(default=-1, metadata={"help": "TEST ONLY: kill a worker at "
+                                  "the start of this epoch, once (-1 = off)"})
+    fault_kill_worker: int = field(default=1, metadata={"help": "TEST ONLY: index of the worker "
+                                   "that --fault-kill-epoch kills"})
+
+    def feature_list(self) -> list[str]:
+        return [c.strip() for c in self.feature_cols.split(",") if c.strip()]
+
+    def validate(self) -> TrainConfig:
+        """Raise ConfigError naming the bad value and what is allowed."""
+        checks: list[tuple[bool, str]] = [
+            (self.workers >= 1, f"workers={self.workers}: must be >= 1"),
+            (self.epochs >= 1, f"epochs={self.epochs}: must be >= 1"),
+            (self.batch_size >= 1, f"batch_size={self.batch_size}: must be >= 1"),
+            (self.learning_rate > 0, f"learning_rate={self.learning_rate}: must be > 0"),
+            (self.rows >= 0, f"rows={self.rows}: must be >= 0 (0 = the data set as it is)"),
+            (self.n_classes >= 2, f"n_classes={self.n_classes}: must be >= 2"),
+            (0 < self.val_fraction < 1, f"val_fraction={self.val_fraction}: must be in (0, 1)"),
+            (self.cores_per_worker >= 1, f"cores_per_worker={self.cores_per_worker}: must be >= 1"),
+            (self.max_attempts >= 1, f"max_attempts={self.max_attempts}: must be >= 1"),
+            (self.slot_wait_seconds >= 1, f"slot_wait_seconds={self.slot_wait_seconds}: >= 1"),
+            (self.data_format in ("auto", "parquet", "csv"),
+             f"data_format={self.data_format!r}: allowed are auto, parquet, csv"),
+            (bool(self.master), "master is empty: give a Spark master URL"),
+            (bool(self.output), "output is empty: give a directory on shared storage"),
+        ]
+        for ok, msg in checks:
+            if not ok:
+                raise ConfigError(msg)
+        return self
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, values: dict[str, Any]) -> TrainConfig:
+        known = {f.name for f in fields(cls)}
+        unknown = sorted(set(values) - known)
+        if unknown:
+            raise ConfigError(f"unknown config keys {unknown}; allowed: {sorted(known)}")
+        return cls(**values)
+
+    @classmethod
+    def from_file(cls, path: str | Path) -> TrainConfig:
+        """Load a .json or .toml file whose keys are the field names."""
+        p = Path(path)
+        if not p.is_file():
+            raise ConfigError(f"config file {str(p)!r} does not exist")
+        text = p.read_text()
+        if p.suffix == ".toml":
+            values = tomllib.loads(text)
+        elif p.suffix == ".json":
+            values = json.loads(text)
+        else:
+            raise ConfigError(f"config file {str(p)!r}: allowed suffixes are .json and .toml")
+        return cls.from_dict(values)
+
+
+def _flag(name: str) -> str:
+    return "--" + name.replace("_", "-")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """One flag per TrainConfig field, plus --config FILE (flags override the file)."""
+    parser = argparse.ArgumentParser(
+        prog="trainstack-train",
+        description="Prepare data with Spark and train a TensorFlow model on a Spark cluster.",
+    )
+    parser.add_argument("--config", help="JSON or TOML file with config keys (flags override)")
+    for f in fields(TrainConfig):
+        help_text = f.metadata.get("help", "")
+        if f.type in ("bool", bool):
+            parser.add_argument(_flag(f.name), dest=f.name, default=None,
+                                action=argparse.BooleanOptionalAction, help=help_text)
+            continue
+        kind = {"int": int, "float": float}.get(str(f.type), str)
+        parser.add_argument(_flag(f.name), dest=f.name, type=kind, default=None,
+                            help=f"{help_text} (default: {f.default})")
+    return parser
+
+
+def parse_args(argv: list[str] | None = None) -> TrainConfig:
+    args = build_parser().parse_args(argv)
+    base = TrainConfig.from_file(args.config).to_dict() if args.config else {}
+    for f in fields(TrainConfig):
+        value = getattr(args, f.name)
+        if value is not None:
+            base[f.name] = value
+    return TrainConfig.from_dict(base).validate()

@@ -1,0 +1,337 @@
+"""Data stage: read, validate, normalise, split and shard a data set with PySpark.
+
+Also the offline default data set (scikit-learn's digits) and a deterministic generator that
+scales it to any row count with augmented copies (for benchmarks).
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import time
+import urllib.parse
+import urllib.request
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from trainstack_training.config import DIGITS, TrainConfig
+
+if TYPE_CHECKING:
+    from pyspark.sql import DataFrame, SparkSession
+
+DIGITS_ROWS = 1797  # rows in sklearn's digits set
+_GEN_BLOCK = 200_000  # rows per generated Parquet file: bounds driver memory for big sets
+
+
+class DataError(ValueError):
+    """The data set cannot be used; the message names the cause and what is allowed."""
+
+
+@dataclass
+class DataInfo:
+    """What the data stage produced; passed to every training task (JSON-serialisable)."""
+
+    train_dir: str  # contains shard=<k>/ Parquet directories, one per worker
+    val_dir: str
+    n_features: int
+    n_classes: int
+    feature_cols: list[str]
+    shard_rows: list[int]
+    val_rows: int
+    total_rows: int
+    seconds: float
+
+    @property
+    def train_rows(self) -> int:
+        return sum(self.shard_rows)
+
+    def shard_dir(self, index: int) -> str:
+        return str(Path(self.train_dir) / f"shard={index}")
+
+    def to_json(self) -> str:
+        return json.dumps(asdict(self))
+
+    @classmethod
+    def from_json(cls, text: str) -> DataInfo:
+        return cls(**json.loads(text))
+
+
+# ---------------------------------------------------------------------------------------------
+# Offline data set and generator
+
+
+def _augment(images: np.ndarray, copy: int, seed: int) -> np.ndarray:
+    """Copy 0 is the originals; copy k>0 is shifted by up to one pixel plus seeded noise."""
+    if copy == 0:
+        return images.reshape(len(images), 64)
+    rng = np.random.default_rng([seed, copy])
+    dy, dx = (int(v) for v in rng.integers(-1, 2, size=2))
+    shifted = np.roll(images, (dy, dx), axis=(1, 2))
+    # np.roll wraps around; blank the wrapped row/column so a shift is a real translation.
+    if dy == 1:
+        shifted[:, 0, :] = 0
+    elif dy == -1:
+        shifted[:, -1, :] = 0
+    if dx == 1:
+        shifted[:, :, 0] = 0
+    elif dx == -1:
+        shifted[:, :, -1] = 0
+    noisy = shifted + rng.normal(0.0, 1.0, size=shifted.shape)
+    return np.clip(noisy, 0.0, 16.0).reshape(len(images), 64)
+
+
+def generate_digits(path: str | Path, rows: int = 0, seed: int = 0) -> int:
+    """Write the digits set (or `rows` rows of it, with augmented copies) as Parquet files.
+
+    Deterministic: the same (rows, seed) always gives the same rows. Returns the row count.
+    """
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+    from sklearn.datasets import load_digits
+
+    digits = load_digits()
+    images = digits.images.astype(np.float64)  # (1797, 8, 8), values 0..16
+    labels = digits.target.astype(np.int32)
+    total = rows if rows > 0 else len(labels)
+    out = Path(path)
+    if out.exists():
+        shutil.rmtree(out)
+    out.mkdir(parents=True)
+    names = [f"px{i}" for i in range(64)]
+    written, part = 0, 0
+    feats: list[np.ndarray] = []
+    labs: list[np.ndarray] = []
+    buffered = 0
+    copy = 0
+    while written + buffered < total:
+        take = min(len(labels), total - written - buffered)
+        feats.append(_augment(images[:take], copy, seed).astype(np.float32))
+        labs.append(labels[:take])
+        buffered += take
+        copy += 1
+        if buffered >= _GEN_BLOCK or written + buffered >= total:
+            x = np.concatenate(feats)
+            cols = {n: x[:, i] for i, n in enumerate(names)}
+            cols["label"] = np.concatenate(labs)
+            pq.write_table(pa.table(cols), out / f"part-{part:05d}.parquet")
+            written += buffered
+            part += 1
+            feats, labs, buffered = [], [], 0
+    return written
+
+
+# ---------------------------------------------------------------------------------------------
+# Reading
+
+
+def _is_local(uri: str) -> bool:
+    scheme = urllib.parse.urlparse(uri).scheme
+    return scheme in ("", "file")
+
+
+def _local_path(uri: str) -> Path:
+    return Path(urllib.parse.urlparse(uri).path if uri.startswith("file:") else uri)
+
+
+def _spark_uri(path: str | Path) -> str:
+    return Path(path).resolve().as_uri()
+
+
+def resolve_source(cfg: TrainConfig, data_root: Path) -> tuple[str, str]:
+    """Return (uri Spark can read, format); generates/downloads into data_root when needed."""
+    if cfg.data == DIGITS:
+        src = data_root / "source"
+        generate_digits(src, cfg.rows, cfg.seed)
+        return _spark_uri(src), "parquet"
+    if cfg.rows:
+        raise DataError(f"rows={cfg.rows} only applies to --data digits (the generator); "
+                        f"got data={cfg.data!r}")
+    uri = cfg.data
+    scheme = urllib.parse.urlparse(uri).scheme
+    if scheme in ("http", "https"):
+        # Spark has no http filesystem: fetch once to shared storage, then read from there.
+        name = Path(urllib.parse.urlparse(uri).path).name or "download"
+        dest = data_root / "download" / name
+        dest.parent.mkdir(parents=True, exist_ok=True)
+        try:
+            urllib.request.urlretrieve(uri, dest)  # noqa: S310 (scheme checked above)
+        except OSError as exc:
+            raise DataError(f"data URL {uri!r} is unreachable: {exc}") from exc
+        uri = _spark_uri(dest)
+    elif _is_local(uri):
+        local = _local_path(uri)
+        if not local.exists():
+            raise DataError(f"data path {uri!r} does not exist (give a Parquet/CSV file or "
+                            "directory on storage every node can read, or 'digits')")
+        uri = _spark_uri(local)
+    fmt = cfg.data_format
+    if fmt == "auto":
+        fmt = "csv" if uri.lower().rstrip("/").endswith(".csv") else "parquet"
+    return uri, fmt
+
+
+def read_source(spark: SparkSession, uri: str, fmt: str) -> DataFrame:
+    from pyspark.errors import AnalysisException
+
+    try:
+        if fmt == "csv":
+            return spark.read.option("header", True).option("inferSchema", True).csv(uri)
+        return spark.read.parquet(uri)
+    except AnalysisException as exc:
+        raise DataError(f"cannot read {fmt} data at {uri!r}: {exc}") from exc
+
+
+# ---------------------------------------------------------------------------------------------
+# Validation, normalisation, split, shards
+
+
+def _check_schema(df: DataFrame, cfg: TrainConfig) -> tuple[list[str], bool]:
+    """Return (feature columns, label_is_integral); raise DataError on a bad schema."""
+    from pyspark.sql.types import FractionalType, IntegralType, NumericType
+
+    types = {f.name: f.dataType for f in df.schema.fields}
+    if cfg.label_col not in types:
+        raise DataError(f"label column {cfg.label_col!r} is missing; columns are "
+                        f"{sorted(types)} (set --label-col)")
+    wanted = cfg.feature_list() or [c for c in df.columns if c != cfg.label_col]
+    missing = [c for c in wanted if c not in types]
+    if missing:
+        raise DataError(f"feature columns {missing} are missing; columns are {sorted(types)}")
+    if not wanted:
+        raise DataError("no feature columns: the data set has only the label column")
+    bad = [f"{c} ({types[c].simpleString()})" for c in wanted
+           if not isinstance(types[c], NumericType)]
+    if bad:
+        raise DataError(f"feature columns must be numeric; not numeric: {bad}")
+    label_type = types[cfg.label_col]
+    if not isinstance(label_type, IntegralType | FractionalType):
+        raise DataError(f"label column {cfg.label_col!r} has type {label_type.simpleString()}; "
+                        f"it must hold integers in [0, {cfg.n_classes})")
+    return wanted, isinstance(label_type, IntegralType)
+
+
+def prepare(spark: SparkSession, cfg: TrainConfig, data_root: Path) -> DataInfo:
+    """Run the data stage; write train shards (one per worker) and the validation set."""
+    from pyspark.sql import functions as F
+
+    start = time.perf_counter()
+    uri, fmt = resolve_source(cfg, data_root)
+    df = read_source(spark, uri, fmt)
+    features, label_integral = _check_schema(df, cfg)
+    label = F.col(cfg.label_col)
+    all_cols = [F.col(c) for c in [*features, cfg.label_col]]
+    # Content hash => the split and shard of a row do not depend on file layout or partitions.
+    is_val = (F.pmod(F.xxhash64(F.lit(cfg.seed), *all_cols), F.lit(1_000_000))
+              < F.lit(int(cfg.val_fraction * 1_000_000)))
+    df = df.withColumn("_val", is_val)
+    train = ~F.col("_val")
+    # One pass computes the checks and the normalisation statistics (from training rows only).
+    aggs = [
+        F.count(F.lit(1)).alias("rows"),
+        F.sum(train.cast("long")).alias("train_rows"),
+        F.sum(label.isNull().cast("long")).alias("null_labels"),
+        F.min(label).alias("min_label"),
+        F.max(label).alias("max_label"),
+    ]
+    if not label_integral:
+        aggs.append(F.sum((label != F.floor(label)).cast("long")).alias("frac_labels"))
+        aggs.append(F.first(F.when(label != F.floor(label), label), ignorenulls=True)
+                    .alias("frac_example"))
+    for i, c in enumerate(features):
+        col = F.col(c).cast("double")
+        aggs += [F.sum(col.isNull().cast("long")).alias(f"n{i}"),
+                 F.min(F.when(train, col)).alias(f"lo{i}"),
+                 F.max(F.when(train, col)).alias(f"hi{i}")]
+    try:
+        stats = df.agg(*aggs).collect()[0].asDict()
+    except Exception as exc:  # e.g. a path that vanished or unreadable files
+        raise DataError(f"cannot read data at {uri!r}: {str(exc).splitlines()[0]}") from exc
+    _check_stats(stats, cfg, features)
+
+    norm = []
+    for i, c in enumerate(features):
+        lo, hi = float(stats[f"lo{i}"] or 0.0), float(stats[f"hi{i}"] or 0.0)
+        span = hi - lo if hi > lo else 1.0  # constant feature -> 0, not a division by zero
+        norm.append(((F.col(c).cast("double") - lo) / span).cast("float"))
+    shard = F.pmod(F.xxhash64(F.lit(cfg.seed + 1), *all_cols), F.lit(cfg.workers))
+    out = df.select(F.array(*norm).alias("features"), label.cast("int").alias("label"),
+                    shard.cast("int").alias("shard"), F.col("_val"))
+    train_dir, val_dir = data_root / "train", data_root / "val"
+    (out.filter(~F.col("_val")).drop("_val").write.mode("overwrite")
+     .partitionBy("shard").parquet(_spark_uri(train_dir)))
+    out.filter(F.col("_val")).drop("_val", "shard").write.mode("overwrite").parquet(
+        _spark_uri(val_dir))
+
+    shard_rows = [_parquet_rows(train_dir / f"shard={k}") for k in range(cfg.workers)]
+    val_rows = _parquet_rows(val_dir)
+    info = DataInfo(
+        train_dir=str(train_dir.resolve()), val_dir=str(val_dir.resolve()),
+        n_features=len(features), n_classes=cfg.n_classes, feature_cols=features,
+        shard_rows=shard_rows, val_rows=val_rows, total_rows=int(stats["rows"]),
+        seconds=time.perf_counter() - start,
+    )
+    _check_shards(info, cfg)
+    return info
+
+
+def _check_stats(stats: dict[str, Any], cfg: TrainConfig, features: list[str]) -> None:
+    rows = int(stats["rows"] or 0)
+    if rows == 0:
+        raise DataError(f"the data set {cfg.data!r} is empty (0 rows)")
+    train_rows = int(stats["train_rows"] or 0)
+    if train_rows < cfg.workers:
+        raise DataError(f"the data set has {rows} rows ({train_rows} for training), fewer than "
+                        f"workers={cfg.workers}: every worker needs at least one batch of rows")
+    if stats["null_labels"]:
+        raise DataError(f"label column {cfg.label_col!r} has {stats['null_labels']} null "
+                        "values; every row needs a label")
+    if stats.get("frac_labels"):
+        raise DataError(f"label column {cfg.label_col!r} has {stats['frac_labels']} non-integer "
+                        f"values (e.g. {stats['frac_example']}); labels must be integers in "
+                        f"[0, {cfg.n_classes})")
+    lo, hi = stats["min_label"], stats["max_label"]
+    if lo < 0 or hi >= cfg.n_classes:
+        bad = lo if lo < 0 else hi
+        raise DataError(f"label {bad} in column {cfg.label_col!r} is out of range; labels must "
+                        f"be integers in [0, {cfg.n_classes}) (set --n-classes)")
+    nulls = {c: stats[f"n{i}"] for i, c in enumerate(features) if stats[f"n{i}"]}
+    if nulls:
+        raise DataError(f"feature columns have null values {nulls}; clean or drop them first")
+
+
+def _check_shards(info: DataInfo, cfg: TrainConfig) -> None:
+    smallest = min(info.shard_rows)
+    if smallest < cfg.batch_size:
+        k = info.shard_rows.index(smallest)
+        raise DataError(f"worker shard {k} has {smallest} training rows, fewer than "
+                        f"batch_size={cfg.batch_size}; use fewer workers, a smaller batch "
+                        f"or more rows (shard rows: {info.shard_rows})")
+    if info.val_rows == 0:
+        raise DataError(f"the validation split is empty ({info.total_rows} rows, "
+                        f"val_fraction={cfg.val_fraction}); use more rows")
+
+
+def _parquet_rows(path: Path) -> int:
+    import pyarrow.parquet as pq
+
+    if not path.exists():
+        return 0
+    return sum(pq.ParquetFile(f).metadata.num_rows for f in sorted(path.glob("*.parquet")))
+
+
+def load_arrays(path: str) -> tuple[np.ndarray, np.ndarray]:
+    """Read a shard written by prepare() into (features float32 [n, d], labels int32 [n])."""
+    import pyarrow.parquet as pq
+
+    files = sorted(Path(path).glob("*.parquet"))
+    table = pq.read_table(files, columns=["features", "label"]) if files else None
+    if table is None or table.num_rows == 0:
+        raise DataError(f"shard {path!r} has no rows")
+    feats = table.column("features").combine_chunks()
+    width = len(feats[0])
+    x = np.asarray(feats.flatten().to_numpy(zero_copy_only=False), dtype=np.float32)
+    y = np.asarray(table.column("label").to_numpy(), dtype=np.int32)
+    return x.reshape(-1, width), y

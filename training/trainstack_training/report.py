@@ -1,0 +1,107 @@
+"""Result of a run: the metrics JSON, the training-curve PNG and the one-line summary."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from trainstack_training.config import TrainConfig
+from trainstack_training.data import DataInfo
+from trainstack_training.launcher import ATTEMPTS_LOG
+from trainstack_training.train import EPOCH_LOG
+
+METRICS_FILE = "metrics.json"
+PLOT_FILE = "training.png"
+
+
+def read_epoch_log(out: Path) -> list[dict[str, Any]]:
+    """Per-epoch rows; after a resume an epoch may appear twice: the last attempt's wins."""
+    path = out / EPOCH_LOG
+    rows: dict[int, dict[str, Any]] = {}
+    if path.exists():
+        for line in path.read_text().splitlines():
+            if line.strip():
+                row = json.loads(line)
+                rows[int(row["epoch"])] = row
+    return [rows[k] for k in sorted(rows)]
+
+
+def build_metrics(cfg: TrainConfig, info: DataInfo, results: list[dict[str, Any]], out: Path,
+                  train_wall: float, total_wall: float) -> dict[str, Any]:
+    epochs = read_epoch_log(out)
+    attempts_path = out / ATTEMPTS_LOG
+    attempts = len(attempts_path.read_text().splitlines()) if attempts_path.exists() else 1
+    train_secs = sum(float(e["train_seconds"]) for e in epochs)
+    samples = sum(int(e["samples"]) for e in epochs)
+    chief = results[0] if results else {}
+
+    def series(key: str) -> list[float]:
+        return [float(e[key]) for e in epochs if key in e]
+
+    return {
+        "workers": cfg.workers,
+        "epochs": len(epochs),
+        "attempts": attempts,
+        "final_val_accuracy": series("val_accuracy")[-1] if epochs else None,
+        "final_val_loss": series("val_loss")[-1] if epochs else None,
+        "loss": series("loss"),
+        "accuracy": series("accuracy"),
+        "val_loss": series("val_loss"),
+        "val_accuracy": series("val_accuracy"),
+        "epoch_attempt": [int(e["attempt"]) for e in epochs],
+        "samples_per_second": samples / train_secs if train_secs > 0 else None,
+        "global_batch": cfg.batch_size * cfg.workers,
+        "data_seconds": info.seconds,
+        "data_rows": info.total_rows,
+        "data_rows_per_second": info.total_rows / info.seconds if info.seconds > 0 else None,
+        "train_rows": info.train_rows,
+        "val_rows": info.val_rows,
+        "shard_rows": info.shard_rows,
+        "train_seconds": train_wall,  # barrier stage wall time: TF start-up and retries included
+        "total_seconds": total_wall,
+        "peak_rss_mb_per_worker": [float(r["peak_rss_mb"]) for r in results],
+        "hosts": [r["host"] for r in results],
+        "master": cfg.master,
+        "model_path": chief.get("model_path", ""),
+        "metrics_path": str(out / METRICS_FILE),
+        "plot_path": str(out / PLOT_FILE) if cfg.plot else "",
+        "config": cfg.to_dict(),
+    }
+
+
+def write_outputs(metrics: dict[str, Any], out: Path, plot: bool = True) -> None:
+    (out / METRICS_FILE).write_text(json.dumps(metrics, indent=2) + "\n")
+    if plot:
+        write_plot(metrics, out / PLOT_FILE)
+
+
+def write_plot(metrics: dict[str, Any], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")  # no display on cluster nodes
+    import matplotlib.pyplot as plt
+
+    epochs = list(range(1, len(metrics["loss"]) + 1))
+    fig, (ax_loss, ax_acc) = plt.subplots(1, 2, figsize=(10, 4))
+    ax_loss.plot(epochs, metrics["loss"], marker="o", label="train")
+    ax_loss.plot(epochs, metrics["val_loss"], marker="o", label="validation")
+    ax_loss.set(title="loss", xlabel="epoch")
+    ax_acc.plot(epochs, metrics["accuracy"], marker="o", label="train")
+    ax_acc.plot(epochs, metrics["val_accuracy"], marker="o", label="validation")
+    ax_acc.set(title="accuracy", xlabel="epoch")
+    for ax in (ax_loss, ax_acc):
+        ax.legend()
+        ax.grid(alpha=0.3)
+    fig.suptitle(f"trainstack: {metrics['workers']} worker(s), {metrics['attempts']} attempt(s)")
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+
+
+def summary(metrics: dict[str, Any]) -> dict[str, Any]:
+    """The CLI's last line: the numbers a caller needs, without the per-epoch series."""
+    keys = ("final_val_accuracy", "epochs", "workers", "attempts", "samples_per_second",
+            "data_seconds", "train_seconds", "total_seconds", "model_path", "metrics_path",
+            "plot_path")
+    return {k: metrics[k] for k in keys}

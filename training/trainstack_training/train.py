@@ -1,0 +1,226 @@
+"""The training loop of one TensorFlow worker (runs inside a Spark barrier task).
+
+Legacy Keras (tf-keras, TF_USE_LEGACY_KERAS=1) is used on purpose: Keras 3's model.fit fails
+under MultiWorkerMirroredStrategy (keras-team/keras#20585), and legacy Keras keeps model.fit and
+BackupAndRestore exactly as TensorFlow's multi-worker guide writes them.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import shutil
+import signal
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from trainstack_training.config import TrainConfig
+from trainstack_training.data import DataInfo, load_arrays
+
+EPOCH_LOG = "epochs.jsonl"
+FAULT_MARKER = ".fault-injected"
+
+
+@dataclass
+class WorkerResult:
+    task_index: int
+    attempt: int
+    host: str
+    epochs_run: int  # epochs this attempt ran (fewer than cfg.epochs after a resume)
+    train_seconds: float  # time spent in training steps (validation excluded)
+    fit_seconds: float
+    samples: int  # training samples this worker's replica processed... x workers = global
+    peak_rss_mb: float
+    model_path: str = ""
+    history: dict[str, list[float]] = field(default_factory=dict)
+
+
+def configure_environment(tf_config: dict[str, Any] | None, cores: int) -> None:
+    """Set what TensorFlow reads once, at import: must run before `import tensorflow`."""
+    if "tensorflow" in sys.modules:
+        # TF reads TF_CONFIG and builds its collective runtime once per process; a reused
+        # process would silently keep the old cluster (hence spark.python.worker.reuse=false).
+        raise RuntimeError("TensorFlow is already imported in this process; TF_CONFIG would "
+                           "be ignored (is spark.python.worker.reuse on?)")
+    os.environ["TF_USE_LEGACY_KERAS"] = "1"
+    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+    for var in ("OMP_NUM_THREADS", "TF_NUM_INTRAOP_THREADS", "TF_NUM_INTEROP_THREADS"):
+        os.environ[var] = str(cores)
+    if tf_config:
+        os.environ["TF_CONFIG"] = json.dumps(tf_config)
+    else:
+        os.environ.pop("TF_CONFIG", None)
+
+
+def peak_rss_mb() -> float:
+    """Peak resident memory of this process (VmHWM), in MiB."""
+    try:
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) / 1024.0
+    except OSError:
+        pass
+    import resource
+
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0
+
+
+def run_worker(
+    cfg: TrainConfig,
+    info: DataInfo,
+    task_index: int,
+    tf_config: dict[str, Any] | None,
+    cores: int,
+    attempt: int,
+    host: str = "localhost",
+) -> WorkerResult:
+    """Train on this worker's shard with MultiWorkerMirroredStrategy; the chief saves."""
+    configure_environment(tf_config, cores)
+    import tensorflow as tf
+
+    from trainstack_training.model import build_model
+
+    tf.config.threading.set_intra_op_parallelism_threads(cores)
+    tf.config.threading.set_inter_op_parallelism_threads(cores)
+    tf.keras.utils.set_random_seed(cfg.seed)  # same initial weights on every worker
+
+    out = Path(cfg.output).resolve()
+    workers = cfg.workers
+    is_chief = task_index == 0
+    strategy = tf.distribute.MultiWorkerMirroredStrategy()
+
+    x_train, y_train = load_arrays(info.shard_dir(task_index))
+    x_val, y_val = load_arrays(info.val_dir)
+    # Every worker must run the same number of steps, or the collectives deadlock: size the
+    # epoch by the smallest shard and repeat the data.
+    steps_per_epoch = min(info.shard_rows) // cfg.batch_size
+    val_steps = math.ceil(info.val_rows / cfg.batch_size)  # every worker: full val set
+    global_batch = cfg.batch_size * workers
+
+    def no_autoshard(ds: Any) -> Any:
+        # Spark already split the data: each worker must keep its whole shard.
+        options = tf.data.Options()
+        options.experimental_distribute.auto_shard_policy = (
+            tf.data.experimental.AutoShardPolicy.OFF)
+        return ds.with_options(options)
+
+    def train_fn(ctx: Any) -> Any:
+        per_replica = ctx.get_per_replica_batch_size(global_batch)
+        ds = tf.data.Dataset.from_tensor_slices((x_train, y_train))
+        ds = ds.shuffle(len(x_train), seed=cfg.seed + task_index, reshuffle_each_iteration=True)
+        ds = ds.batch(per_replica, drop_remainder=True).repeat().prefetch(2)
+        return no_autoshard(ds)
+
+    def val_fn(ctx: Any) -> Any:
+        ds = tf.data.Dataset.from_tensor_slices((x_val, y_val))
+        return no_autoshard(ds.batch(cfg.batch_size).repeat().prefetch(2))
+
+    train_ds = strategy.distribute_datasets_from_function(train_fn)
+    val_ds = strategy.distribute_datasets_from_function(val_fn)
+    with strategy.scope():
+        model = build_model(info.n_features, info.n_classes, cfg.learning_rate)
+
+    epoch_timer, epoch_log, fault_injector = _callback_classes(tf)
+    timer = epoch_timer(steps_per_epoch)
+    callbacks: list[Any] = [
+        # On shared storage, so a retried barrier stage resumes from the last finished epoch.
+        tf.keras.callbacks.BackupAndRestore(backup_dir=str(out / "backup")),
+        timer,
+        epoch_log(out / EPOCH_LOG, is_chief, attempt, timer, steps_per_epoch * global_batch),
+    ]
+    if cfg.fault_kill_epoch >= 1 and task_index == cfg.fault_kill_worker:
+        callbacks.append(fault_injector(cfg.fault_kill_epoch, steps_per_epoch, out))
+
+    fit_start = time.perf_counter()
+    history = model.fit(train_ds, epochs=cfg.epochs, steps_per_epoch=steps_per_epoch,
+                        validation_data=val_ds, validation_steps=val_steps,
+                        callbacks=callbacks, verbose=0)
+    fit_seconds = time.perf_counter() - fit_start
+
+    # Every worker saves (saving may need all of them); only the chief's copy is kept.
+    model_path = str(out / "model.keras")
+    if is_chief:
+        model.save(model_path)
+    else:
+        tmp = tempfile.mkdtemp(prefix=f"trainstack-worker{task_index}-")
+        try:
+            model.save(str(Path(tmp) / "model.keras"))
+        finally:
+            shutil.rmtree(tmp, ignore_errors=True)
+        model_path = ""
+    return WorkerResult(
+        task_index=task_index, attempt=attempt, host=host, epochs_run=timer.epochs,
+        train_seconds=timer.total, fit_seconds=fit_seconds,
+        samples=timer.epochs * steps_per_epoch * cfg.batch_size, peak_rss_mb=peak_rss_mb(),
+        model_path=model_path,
+        history={k: [float(v) for v in vs] for k, vs in history.history.items()},
+    )
+
+
+def _callback_classes(tf: Any) -> tuple[Any, Any, Any]:
+    """Define the Keras callbacks inside a function: TensorFlow may only be imported after
+    TF_CONFIG is set, so nothing at module level may subclass its classes."""
+    base = tf.keras.callbacks.Callback
+
+    class EpochTimer(base):  # type: ignore[misc,valid-type]
+        """Times the training steps of each epoch, excluding validation."""
+
+        def __init__(self, steps: int) -> None:
+            super().__init__()
+            self.steps, self.epochs, self.total, self.last = steps, 0, 0.0, 0.0
+            self._start = 0.0
+
+        def on_epoch_begin(self, epoch: int, logs: Any = None) -> None:
+            self._start = time.perf_counter()
+
+        def on_train_batch_end(self, batch: int, logs: Any = None) -> None:
+            if batch == self.steps - 1:
+                self.last = time.perf_counter() - self._start
+                self.total += self.last
+                self.epochs += 1
+
+    class EpochLog(base):  # type: ignore[misc,valid-type]
+        """The chief appends each epoch's metrics to a JSON-lines file on shared storage, so
+        the curves survive a restart (a resumed fit's History only has the later epochs)."""
+
+        def __init__(self, path: Path, enabled: bool, attempt: int, timer: Any,
+                     samples: int) -> None:
+            super().__init__()
+            self.path, self.enabled, self.attempt = path, enabled, attempt
+            self.timer, self.samples = timer, samples
+
+        def on_epoch_end(self, epoch: int, logs: Any = None) -> None:
+            if not self.enabled:
+                return
+            row = {"epoch": epoch + 1, "attempt": self.attempt,
+                   "train_seconds": self.timer.last, "samples": self.samples}
+            row.update({k: float(v) for k, v in (logs or {}).items()})
+            with self.path.open("a") as fh:
+                fh.write(json.dumps(row) + "\n")
+
+    class FaultInjector(base):  # type: ignore[misc,valid-type]
+        """TEST ONLY: SIGKILL this worker's own Python process halfway through an epoch, once.
+
+        A real crash (no exception, no cleanup), so Spark sees a lost Python worker.
+        """
+
+        def __init__(self, epoch: int, steps: int, out: Path) -> None:
+            super().__init__()
+            self.epoch, self.batch = epoch, max(0, steps // 2)
+            self.marker = out / FAULT_MARKER
+            self.current = 0
+
+        def on_epoch_begin(self, epoch: int, logs: Any = None) -> None:
+            self.current = epoch + 1
+
+        def on_train_batch_end(self, batch: int, logs: Any = None) -> None:
+            if self.current == self.epoch and batch == self.batch and not self.marker.exists():
+                self.marker.write_text(f"killed pid {os.getpid()} in epoch {self.epoch}\n")
+                os.kill(os.getpid(), signal.SIGKILL)
+
+    return EpochTimer, EpochLog, FaultInjector
