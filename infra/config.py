@@ -61,7 +61,7 @@ class StackConfig:
     wheelhouse: str = ".wheelhouse"
 
     @classmethod
-    def keys(cls) -> dict[str, str]:
+    def config_keys(cls) -> dict[str, str]:
         """Config key (camelCase, as users type it) -> field name."""
         return {_camel(f.name): f.name for f in fields(cls)}
 
@@ -69,7 +69,7 @@ class StackConfig:
     def from_mapping(cls, raw: Mapping[str, Any]) -> StackConfig:
         """Build from `{camelKey: value}` (strings as Pulumi stores them, or typed values)."""
         errors: list[str] = []
-        known = cls.keys()
+        known = cls.config_keys()
         for key in sorted(set(raw) - set(known)):
             errors.append(
                 f"{NAMESPACE}:{key}: unknown key; allowed keys: "
@@ -84,9 +84,7 @@ class StackConfig:
             try:
                 values[attr] = _coerce(raw[key], type(default))
             except ValueError:
-                errors.append(
-                    f"{NAMESPACE}:{key}: {raw[key]!r} is not a {type(default).__name__}"
-                )
+                errors.append(f"{NAMESPACE}:{key}: {raw[key]!r} is not a {type(default).__name__}")
         if errors:
             raise ConfigError("invalid configuration:\n  " + "\n  ".join(errors))
         config = cls(**values)

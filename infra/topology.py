@@ -110,7 +110,14 @@ def inventory(
     addresses = addresses or {}
     groups: dict[str, dict] = {
         name: {"hosts": {}}
-        for name in ("control", "workers", "zookeeper", "spark_master", "spark_worker", "tensorflow")
+        for name in (
+            "control",
+            "workers",
+            "zookeeper",
+            "spark_master",
+            "spark_worker",
+            "tensorflow",
+        )
     }
     for node in nodes:
         host: dict = {

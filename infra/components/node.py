@@ -78,12 +78,16 @@ class Node(pulumi.ComponentResource):
             f"{name}-container",
             container_args,
             network_id=args.network_id,
-            opts=pulumi.ResourceOptions.merge(child, pulumi.ResourceOptions(depends_on=own_volumes)),
+            opts=pulumi.ResourceOptions.merge(
+                child, pulumi.ResourceOptions(depends_on=own_volumes)
+            ),
         )
         self.container_id = container.container_id
         self.address = container.ip_address
         self.ui_port = container.published_ports.apply(
-            lambda p: int(p[str(SPARK_MASTER_UI_PORT)]) if p and str(SPARK_MASTER_UI_PORT) in p else None
+            lambda p: (
+                int(p[str(SPARK_MASTER_UI_PORT)]) if p and str(SPARK_MASTER_UI_PORT) in p else None
+            )
         )
         self.register_outputs(
             {"container_id": self.container_id, "address": self.address, "ui_port": self.ui_port}

@@ -6,6 +6,7 @@ or the local socket). Inputs are plain JSON-able values so state diffs stay read
 
 from __future__ import annotations
 
+import contextlib
 import secrets
 import socket
 from dataclasses import asdict, dataclass, field
@@ -297,11 +298,9 @@ class _ContainerProvider(ResourceProvider):
             init=True,
             detach=True,
         )
-        try:
-            # Attach to our network (with aliases) instead of the default bridge.
+        # Attach to our network (with aliases) instead of the default bridge.
+        with contextlib.suppress(Exception):  # not attached to the default bridge
             client.networks.get("bridge").disconnect(container)
-        except Exception:  # noqa: S110 - not attached to the default bridge
-            pass
         client.networks.get(props["network"]).connect(
             container, aliases=props.get("aliases") or [props["hostname"]]
         )

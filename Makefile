@@ -1,0 +1,58 @@
+# trainstack: every target sets up what is missing first (scripts/setup.sh is
+# idempotent and takes seconds once everything is there).
+SHELL := /bin/bash
+STACK ?= dev
+PYTEST_ARGS ?=
+ENV := eval "$$(scripts/env.sh)"
+SETUP := scripts/setup.sh
+
+.PHONY: help setup env up preview outputs destroy test unit lint format bench lock clean-tools
+
+help: ## List the targets.
+	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-12s %s\n", $$1, $$2}'
+
+setup: ## Install everything missing: Docker engine, base image, Pulumi CLI, venv, Java.
+	@$(SETUP)
+
+env: ## Print shell exports: eval "$$(make -s env)", then plain `pulumi ...`.
+	@scripts/env.sh
+
+up: setup ## Bring up the local stack $(STACK) (pulumi up) and show its outputs.
+	@$(ENV); pulumi stack select --create $(STACK) --non-interactive && pulumi up --yes --stack $(STACK)
+
+preview: setup ## Show what `make up` would change.
+	@$(ENV); pulumi stack select --create $(STACK) --non-interactive && pulumi preview --stack $(STACK)
+
+outputs: ## Show the stack's outputs.
+	@$(ENV); pulumi stack output --stack $(STACK)
+
+destroy: setup ## Remove the local stack $(STACK) from the engine.
+	@$(ENV); pulumi destroy --yes --stack $(STACK)
+
+test: setup lint ## The whole test suite: lint, unit, engine, provisioning, training.
+	@$(ENV); pytest $(PYTEST_ARGS)
+
+unit: setup ## Fast tests only (no engine).
+	@$(ENV); pytest -m unit $(PYTEST_ARGS)
+
+lint: setup ## ruff, ruff format --check, mypy, yamllint, ansible-lint.
+	@$(ENV); set -e; \
+	  ruff check .; \
+	  ruff format --check .; \
+	  mypy infra training; \
+	  yamllint -s .; \
+	  ansible-lint
+
+format: setup ## Apply ruff's fixes and formatting.
+	@$(ENV); ruff check --fix .; ruff format .
+
+bench: setup ## Run every benchmark under bench/ (JSON into bench/results/).
+	@$(ENV); mkdir -p bench/results; set -e; for b in bench/bench_*.py; do \
+	  n=$$(basename $$b .py); echo "== $$n"; python $$b --out bench/results/$$n.json; done
+
+lock: setup ## Re-pin constraints.txt from the current virtual environment.
+	@$(ENV); { echo "# Pinned versions for the control machine and the nodes (pip constraints)."; \
+	  echo "# Regenerate with: make lock"; pip freeze --exclude-editable | grep -v '^trainstack'; } > constraints.txt
+
+clean-tools: ## Undo setup's project-local parts: tools/, .venv/, .setup/ (keeps stack state).
+	rm -rf tools .venv .setup

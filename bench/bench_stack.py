@@ -1,0 +1,56 @@
+"""Wall time of `pulumi up` from nothing (default topology), a no-change `up`, `destroy`.
+
+    python bench/bench_stack.py --out bench/results/bench_stack.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from tests.pulumi_cli import Stack  # noqa: E402 - after the path insert
+
+
+def timed(fn) -> float:
+    start = time.perf_counter()
+    fn()
+    return round(time.perf_counter() - start, 2)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--out", type=Path, help="write the JSON here too")
+    parser.add_argument("--workers", type=int, default=2)
+    args = parser.parse_args()
+
+    with tempfile.TemporaryDirectory() as state:
+        stack = Stack(Path(state), prefix="tsbench")
+        stack.init(uiPortBase="0", workers=str(args.workers))
+        try:
+            result = {
+                "benchmark": "stack",
+                "topology": {"control_nodes": 3, "masters": 2, "workers": args.workers},
+                "up_from_nothing_s": timed(stack.up),
+                "up_no_change_s": timed(stack.up),
+                "destroy_s": timed(lambda: stack.run("destroy", "--yes")),
+                "machine": {"cpus": os.cpu_count(), "python": platform.python_version()},
+            }
+        finally:
+            stack.destroy_and_remove()
+    text = json.dumps(result, indent=2)
+    print(text)
+    if args.out:
+        args.out.parent.mkdir(parents=True, exist_ok=True)
+        args.out.write_text(text + "\n")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,104 @@
+"""Drive the real Pulumi CLI on this project with an isolated backend and stack."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import uuid
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import docker
+
+ROOT = Path(__file__).resolve().parents[1]
+LABEL_STACK = "org.trainstack.stack"
+
+
+def project_env(backend: Path) -> dict[str, str]:
+    """The environment `eval "$(make -s env)"` gives, with the state kept in `backend`."""
+    dump = subprocess.run(
+        ["bash", "-c", f'eval "$({ROOT}/scripts/env.sh)" && env -0'],
+        capture_output=True,
+        check=True,
+    ).stdout.decode()
+    env = dict(item.split("=", 1) for item in dump.split("\0") if "=" in item)
+    env["PULUMI_BACKEND_URL"] = f"file://{backend}"
+    env["PULUMI_CONFIG_PASSPHRASE"] = "trainstack-tests"
+    env.pop("PULUMI_CONFIG_PASSPHRASE_FILE", None)
+    return env
+
+
+@dataclass
+class Stack:
+    """A stack of this project, named uniquely, in a private file backend."""
+
+    backend: Path
+    name: str = field(default_factory=lambda: f"t{uuid.uuid4().hex[:6]}")
+    prefix: str = "tsit"
+
+    def __post_init__(self) -> None:
+        self.backend.mkdir(parents=True, exist_ok=True)
+        self.env = project_env(self.backend)
+
+    @property
+    def label(self) -> str:
+        """The value of the stack label on everything this stack creates."""
+        return f"{self.prefix}-{self.name}"
+
+    def run(self, *args: str, check: bool = True, timeout: int = 1800):
+        proc = subprocess.run(
+            ["pulumi", *args, "--stack", self.name, "--non-interactive"],
+            cwd=ROOT,
+            env=self.env,
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+            check=False,
+        )
+        if check and proc.returncode != 0:
+            raise AssertionError(
+                f"pulumi {' '.join(args)} failed ({proc.returncode}):\n"
+                f"{proc.stdout[-4000:]}\n{proc.stderr[-4000:]}"
+            )
+        return proc
+
+    def init(self, **config: str) -> None:
+        self.run("stack", "init")
+        self.set_config(namePrefix=self.prefix, **config)
+
+    def set_config(self, **config: str) -> None:
+        for key, value in config.items():
+            self.run("config", "set", f"trainstack:{key}", str(value))
+
+    def up(self, *extra: str):
+        return self.run("up", "--yes", "--skip-preview", *extra)
+
+    def outputs(self) -> dict:
+        return json.loads(self.run("stack", "output", "--json").stdout)
+
+    def destroy_and_remove(self) -> None:
+        self.run("destroy", "--yes", check=False)
+        self.run("stack", "rm", "--yes", "--force", check=False)
+        remove_leftovers(self.label)
+
+
+def remove_leftovers(label: str) -> None:
+    """Whatever a failed test left on the engine under this stack's label."""
+    client = docker.from_env()
+    selector = {"label": f"{LABEL_STACK}={label}"}
+    for container in client.containers.list(all=True, filters=selector):
+        container.remove(force=True)
+    for network in client.networks.list(filters=selector):
+        network.remove()
+    for volume in client.volumes.list(filters=selector):
+        volume.remove(force=True)
+
+
+def engine_objects(label: str) -> dict[str, list[str]]:
+    client = docker.from_env()
+    selector = {"label": f"{LABEL_STACK}={label}"}
+    return {
+        "containers": sorted(c.name for c in client.containers.list(all=True, filters=selector)),
+        "networks": sorted(n.name for n in client.networks.list(filters=selector)),
+        "volumes": sorted(v.name for v in client.volumes.list(filters=selector)),
+    }
