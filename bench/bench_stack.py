@@ -1,6 +1,6 @@
 """Wall time of `pulumi up` from nothing (default topology), a no-change `up`, `destroy`.
 
-    python bench/bench_stack.py --out bench/results/bench_stack.json
+python bench/bench_stack.py --out bench/results/bench_stack.json
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from tests.pulumi_cli import Stack  # noqa: E402 - after the path insert
+from tests.pulumi_cli import Stack
 
 
 def timed(fn) -> float:
