@@ -33,7 +33,7 @@ def main() -> None:
 
     with tempfile.TemporaryDirectory() as state:
         stack = Stack(Path(state), prefix="tsbench")
-        stack.init(uiPortBase="0", workers=str(args.workers))
+        stack.init(uiPortBase="0", workers=str(args.workers), provision="false", train="false")
         try:
             result = {
                 "benchmark": "stack",

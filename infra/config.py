@@ -59,6 +59,14 @@ class StackConfig:
     ui_port_base: int = 18080
     retain_data: bool = False
     wheelhouse: str = ".wheelhouse"
+    provision: bool = True
+    train: bool = True
+    train_epochs: int = 10
+    train_workers: int = 0
+    train_batch_size: int = 32
+    train_data: str = "digits"
+    train_rows: int = 0
+    retrain: str = ""
 
     @classmethod
     def config_keys(cls) -> dict[str, str]:
@@ -105,6 +113,11 @@ class StackConfig:
     @property
     def worker_memory_bytes(self) -> int:
         return parse_size(self.worker_memory)
+
+    @property
+    def training_workers(self) -> int:
+        """TensorFlow workers of a run: as configured, or one per worker node."""
+        return self.train_workers or self.workers
 
 
 def _coerce(value: Any, kind: type) -> Any:
@@ -210,6 +223,26 @@ def _bind_address(c: StackConfig) -> str | None:
     return None
 
 
+def _training_slots(c: StackConfig) -> str | None:
+    slots = c.workers * c.worker_spark_cores
+    if c.train_workers > slots:
+        return (
+            f"{_key('train_workers')}: {c.train_workers} TensorFlow workers need as many Spark "
+            f"slots, but {_key('workers')} x {_key('worker_spark_cores')} offer {slots}; "
+            f"allowed is 0 (one per worker node) or 1..{slots}"
+        )
+    return None
+
+
+def _training_needs_provisioning(c: StackConfig) -> str | None:
+    if c.train and not c.provision:
+        return (
+            f"{_key('train')}: true needs {_key('provision')}: true (the job runs on "
+            "provisioned nodes); set trainstack:train false too"
+        )
+    return None
+
+
 _CHECKS: list[Callable[[StackConfig], str | None]] = [
     _min("control_nodes", 1),
     _min("masters", 1),
@@ -226,6 +259,12 @@ _CHECKS: list[Callable[[StackConfig], str | None]] = [
     _name_prefix,
     _port_base,
     _bind_address,
+    _min("train_epochs", 1),
+    _min("train_workers", 0),
+    _min("train_batch_size", 1),
+    _min("train_rows", 0),
+    _training_slots,
+    _training_needs_provisioning,
 ]
 
 

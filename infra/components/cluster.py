@@ -35,6 +35,7 @@ class Cluster(pulumi.ComponentResource):
         super().__init__("trainstack:cluster:Cluster", name, None, opts)
         config = args.config
         prefix = topology.resource_prefix(config, args.stack)
+        self.prefix = prefix
         labels = topology.labels(args.project, prefix)
         plan = topology.plan(config)
         child = pulumi.ResourceOptions(parent=self)

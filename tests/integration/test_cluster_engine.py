@@ -20,6 +20,9 @@ SMALL = {
     "workerMemory": "512m",
     "workerSparkMemory": "256m",
     "uiPortBase": "0",
+    # Servers only: provisioning and training have their own tests.
+    "provision": "false",
+    "train": "false",
 }
 
 
@@ -72,7 +75,7 @@ def test_master_ui_port_is_published_on_loopback_only(stack, engine):
     bindings = control.attrs["NetworkSettings"]["Ports"]["8080/tcp"]
     assert [b["HostIp"] for b in bindings] == ["127.0.0.1"]
     outputs = stack.outputs()
-    assert outputs["uiUrls"]["control-1"] == f"http://127.0.0.1:{bindings[0]['HostPort']}"
+    assert outputs["sparkUiUrls"]["control-1"] == f"http://127.0.0.1:{bindings[0]['HostPort']}"
     assert outputs["sparkMasterUrl"] == "spark://control-1:7077"
     assert set(outputs["inventory"]["all"]["children"]["spark_worker"]["hosts"]) == {"worker-1"}
 

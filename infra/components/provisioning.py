@@ -1,0 +1,141 @@
+"""Provisioning as a resource: Ansible (through ansible-runner) configures the servers.
+
+It runs after the servers exist, and again only when what it applies changes: the
+inventory, the roles, the playbooks, the pinned packages, the training package's source
+or the variables (a content hash says which). Task progress is printed as it happens; the
+Pulumi CLI shows it under the stack.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pulumi
+from pulumi.dynamic import CreateResult, DiffResult, Resource, ResourceProvider, UpdateResult
+
+ROOT = Path(__file__).resolve().parents[2]
+# What provisioning applies; a change in any of these re-runs it.
+SOURCES = ("roles", "playbooks", "ansible.cfg", "constraints.txt", "training")
+_SKIP = {"__pycache__", ".pytest_cache", "build", "dist", ".mypy_cache", ".ruff_cache"}
+
+
+def tree_digest(root: Path = ROOT, sources: tuple[str, ...] = SOURCES) -> str:
+    """A digest of the files under `sources` (names and bytes), stable across machines."""
+    digest = hashlib.sha256()
+    for source in sources:
+        base = root / source
+        paths = [base] if base.is_file() else sorted(base.rglob("*"))
+        for path in paths:
+            if not path.is_file() or _SKIP & set(path.relative_to(root).parts):
+                continue
+            if path.suffix in (".pyc", ".egg-info") or ".egg-info" in str(path):
+                continue
+            digest.update(str(path.relative_to(root)).encode() + b"\0")
+            digest.update(path.read_bytes() + b"\0")
+    return digest.hexdigest()[:16]
+
+
+class _PlaybookProvider(ResourceProvider):
+    serialize_as_secret_always = False
+
+    def _run(self, props: dict[str, Any]) -> dict[str, Any]:
+        from infra.provisioning.runner import ProvisioningError, run_playbook
+        from infra.provisioning.wheelhouse import build_node_wheelhouse
+
+        def show(event: Any) -> None:
+            print(str(event), file=sys.stderr, flush=True)
+
+        wheelhouse = Path(props["wheelhouse"])
+        print(f"wheelhouse: {wheelhouse} (downloads only what is missing)", file=sys.stderr)
+        build_node_wheelhouse(wheelhouse)
+        extravars = {
+            "trainstack_wheelhouse_dir": str(wheelhouse),
+            "trainstack_spark_auth_secret": props["spark_auth_secret"],
+        }
+        result = run_playbook(
+            props["inventory"],
+            props["playbook"],
+            extravars=extravars,
+            on_event=show,
+            artifacts_dir=Path(props["artifacts_dir"]),
+        )
+        print(result.summary(), file=sys.stderr, flush=True)
+        if not result.ok:
+            raise ProvisioningError(result)
+        return {
+            "playbook": props["playbook"],
+            "inventory": props["inventory"],
+            "content_hash": props["content_hash"],
+            "wheelhouse": props["wheelhouse"],
+            "artifacts_dir": props["artifacts_dir"],
+            "stats": result.stats,
+            "duration_s": round(result.duration_s, 1),
+        }
+
+    def create(self, props: dict[str, Any]) -> CreateResult:
+        outs = self._run(props)
+        return CreateResult(f"provisioning-{props['content_hash']}", outs)
+
+    def diff(self, id_: str, olds: dict[str, Any], news: dict[str, Any]) -> DiffResult:
+        keys = ["playbook", "inventory", "content_hash", "wheelhouse"]
+        changed = [k for k in keys if olds.get(k) != news.get(k)]
+        return DiffResult(changes=bool(changed), replaces=[], stables=[])
+
+    def update(self, id_: str, olds: dict[str, Any], news: dict[str, Any]) -> UpdateResult:
+        return UpdateResult(self._run(news))
+
+    def delete(self, id_: str, props: dict[str, Any]) -> None:
+        """Nothing to undo: the servers it configured are removed by their own resources."""
+
+
+class _PlaybookRun(Resource, module="ansible", name="PlaybookRun"):
+    stats: pulumi.Output[dict]
+    duration_s: pulumi.Output[float]
+
+    def __init__(self, name: str, props: dict[str, Any], opts: pulumi.ResourceOptions) -> None:
+        super().__init__(
+            _PlaybookProvider(), name, {**props, "stats": None, "duration_s": None}, opts
+        )
+
+
+@dataclass
+class ProvisioningArgs:
+    inventory: pulumi.Input[dict]
+    spark_auth_secret: pulumi.Input[str]
+    wheelhouse: str
+    artifacts_dir: str
+    playbook: str = "site.yml"
+
+
+class Provisioning(pulumi.ComponentResource):
+    """Runs the site playbook against the cluster's inventory when its inputs change."""
+
+    stats: pulumi.Output[dict]
+
+    def __init__(
+        self, name: str, args: ProvisioningArgs, opts: pulumi.ResourceOptions | None = None
+    ) -> None:
+        super().__init__("trainstack:cluster:Provisioning", name, None, opts)
+        content_hash = tree_digest()
+        run = _PlaybookRun(
+            f"{name}-site",
+            {
+                "inventory": args.inventory,
+                "spark_auth_secret": pulumi.Output.secret(args.spark_auth_secret),
+                "wheelhouse": args.wheelhouse,
+                "artifacts_dir": args.artifacts_dir,
+                "playbook": args.playbook,
+                "content_hash": content_hash,
+            },
+            pulumi.ResourceOptions(
+                parent=self, custom_timeouts=pulumi.CustomTimeouts(create="60m")
+            ),
+        )
+        self.stats = run.stats
+        self.content_hash = content_hash
+        self.register_outputs({"stats": self.stats, "content_hash": json.dumps(content_hash)})

@@ -1,0 +1,175 @@
+"""The training job as a resource: launched inside the cluster, its metrics as outputs.
+
+The job is submitted on a node of the cluster (client mode): Spark standalone's cluster
+deploy mode does not take Python applications, and the nodes cannot always reach back to
+the user's machine. It runs again only when its trigger changes: the training settings,
+the data set, the training package, or the user's `trainstack:retrain` token. A run
+that was interrupted keeps its run directory, so the next `pulumi up` resumes it from
+TensorFlow's backup instead of starting over.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import shlex
+import sys
+import tarfile
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pulumi
+from pulumi.dynamic import CreateResult, DiffResult, Resource, ResourceProvider, UpdateResult
+
+NODE_VENV = "/opt/trainstack/venv"
+MODELS_DIR = "/srv/trainstack/models"
+# What is copied back to the host; shards and the backup stay on the cluster's volume.
+RESULT_FILES = ("model.keras", "metrics.json", "curves.png")
+
+
+class TrainingError(RuntimeError):
+    """The job failed; the message carries the job's own error."""
+
+
+def _stream_exec(container: Any, command: list[str], env: dict[str, str]) -> tuple[int, str]:
+    """Run `command` in `container`, echoing its output live; return (exit code, stdout)."""
+    api = container.client.api
+    exec_id = api.exec_create(container.id, command, environment=env)["Id"]
+    stdout = io.StringIO()
+    for out, err in api.exec_start(exec_id, stream=True, demux=True):
+        if err:
+            sys.stderr.write(err.decode(errors="replace"))
+            sys.stderr.flush()
+        if out:
+            text = out.decode(errors="replace")
+            stdout.write(text)
+            sys.stderr.write(text)
+            sys.stderr.flush()
+    return int(api.exec_inspect(exec_id)["ExitCode"]), stdout.getvalue()
+
+
+def _copy_results(container: Any, run_dir: str, dest: Path) -> list[str]:
+    dest.mkdir(parents=True, exist_ok=True)
+    copied = []
+    for name in RESULT_FILES:
+        try:
+            stream, _ = container.get_archive(f"{run_dir}/{name}")
+        except Exception as exc:  # the plot is optional; a missing model is not
+            if name == "curves.png":
+                continue
+            raise TrainingError(f"{run_dir}/{name} was not written by the job: {exc}") from exc
+        with tarfile.open(fileobj=io.BytesIO(b"".join(stream))) as tar:
+            member = tar.getmember(name)
+            extracted = tar.extractfile(member)
+            assert extracted is not None
+            (dest / name).write_bytes(extracted.read())
+        copied.append(str(dest / name))
+    return copied
+
+
+class _TrainingJobProvider(ResourceProvider):
+    serialize_as_secret_always = False
+
+    def _run(self, props: dict[str, Any]) -> dict[str, Any]:
+        from infra.local_docker.resources import docker_client
+
+        container = docker_client().containers.get(props["submit_container"])
+        run_dir = f"{MODELS_DIR}/{props['run_id']}"
+        settings = props["settings"]
+        command = [
+            f"{NODE_VENV}/bin/trainstack-train",
+            "--master",
+            props["master_url"],
+            "--workers",
+            str(int(settings["workers"])),
+            "--epochs",
+            str(int(settings["epochs"])),
+            "--batch-size",
+            str(int(settings["batch_size"])),
+            "--data",
+            settings["data"],
+            "--rows",
+            str(int(settings["rows"])),
+            "--output",
+            run_dir,
+            "--spark-conf",
+            settings["spark_conf"],
+        ]
+        print(f"launching on {props['submit_container']}: {shlex.join(command)}", file=sys.stderr)
+        code, stdout = _stream_exec(container, command, env={"PYTHONUNBUFFERED": "1"})
+        lines = [line for line in stdout.strip().splitlines() if line.startswith("{")]
+        summary = json.loads(lines[-1]) if lines else {}
+        if code != 0 or not summary.get("ok"):
+            raise TrainingError(
+                f"training job on {props['submit_container']} failed (exit {code}): "
+                f"{summary.get('error') or stdout.strip()[-2000:]}"
+            )
+        host_dir = Path(props["host_artifacts_dir"]) / props["run_id"]
+        copied = _copy_results(container, run_dir, host_dir)
+        return {
+            **props,
+            "result": {
+                **summary,
+                "run_id": props["run_id"],
+                "cluster_run_dir": run_dir,
+                "host_dir": str(host_dir),
+                "host_files": copied,
+                "copy_command": f"docker cp {props['submit_container']}:{run_dir} .",
+            },
+        }
+
+    def create(self, props: dict[str, Any]) -> CreateResult:
+        return CreateResult(props["run_id"], self._run(props))
+
+    def diff(self, id_: str, olds: dict[str, Any], news: dict[str, Any]) -> DiffResult:
+        changed = olds.get("run_id") != news.get("run_id")
+        return DiffResult(changes=changed, replaces=[], stables=[])
+
+    def update(self, id_: str, olds: dict[str, Any], news: dict[str, Any]) -> UpdateResult:
+        return UpdateResult(self._run(news))
+
+    def delete(self, id_: str, props: dict[str, Any]) -> None:
+        """Models and metrics stay on the models volume and in the host folder."""
+
+
+class _TrainingJob(Resource, module="training", name="TrainingJob"):
+    result: pulumi.Output[dict]
+
+    def __init__(self, name: str, props: dict[str, Any], opts: pulumi.ResourceOptions) -> None:
+        super().__init__(_TrainingJobProvider(), name, {**props, "result": None}, opts)
+
+
+@dataclass
+class TrainingArgs:
+    master_url: str
+    submit_container: str
+    settings: dict[str, Any]  # workers, epochs, batch_size, data, rows, spark_conf
+    trigger: str  # digest of everything that should launch a new run
+    host_artifacts_dir: str
+
+
+class Training(pulumi.ComponentResource):
+    """Deploys nothing new (provisioning installed the package) and launches the job."""
+
+    result: pulumi.Output[dict]
+
+    def __init__(
+        self, name: str, args: TrainingArgs, opts: pulumi.ResourceOptions | None = None
+    ) -> None:
+        super().__init__("trainstack:training:Training", name, None, opts)
+        job = _TrainingJob(
+            f"{name}-job",
+            {
+                "master_url": args.master_url,
+                "submit_container": args.submit_container,
+                "settings": args.settings,
+                "run_id": f"run-{args.trigger[:12]}",
+                "host_artifacts_dir": args.host_artifacts_dir,
+            },
+            pulumi.ResourceOptions(
+                parent=self, custom_timeouts=pulumi.CustomTimeouts(create="60m")
+            ),
+        )
+        self.result = job.result
+        self.register_outputs({"result": self.result})
