@@ -58,7 +58,7 @@ class StackConfig:
     bind_address: str = "127.0.0.1"
     ui_port_base: int = 18080
     retain_data: bool = False
-    wheelhouse: str = ".wheelhouse"
+    wheelhouse: str = "~/.cache/trainstack/wheelhouse"
     provision: bool = True
     train: bool = True
     train_epochs: int = 10

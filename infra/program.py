@@ -56,7 +56,7 @@ def main() -> None:
     if not config.provision:
         return
 
-    wheelhouse = Path(config.wheelhouse)
+    wheelhouse = Path(config.wheelhouse).expanduser()
     provisioning = Provisioning(
         "provisioning",
         ProvisioningArgs(

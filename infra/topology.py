@@ -106,7 +106,11 @@ def inventory(
     nodes: list[NodeSpec],
     addresses: dict[str, str] | None = None,
 ) -> dict:
-    """An Ansible YAML inventory (as a dict) for the local stack's containers."""
+    """An Ansible YAML inventory (as a dict) for the local stack's containers.
+
+    Nodes reach each other by hostname (the network alias), which stays the same when a
+    container is recreated; `trainstack_ip_address` is informational.
+    """
     addresses = addresses or {}
     groups: dict[str, dict] = {
         name: {"hosts": {}}
@@ -122,7 +126,8 @@ def inventory(
     for node in nodes:
         host: dict = {
             "ansible_host": f"{prefix}-{node.key}",
-            "trainstack_node_address": addresses.get(node.key, ""),
+            "trainstack_node_address": node.key,
+            "trainstack_ip_address": addresses.get(node.key, ""),
         }
         if node.zookeeper_id is not None:
             host["trainstack_zookeeper_id"] = node.zookeeper_id

@@ -24,6 +24,9 @@ from pulumi.dynamic import CreateResult, DiffResult, Resource, ResourceProvider,
 
 NODE_VENV = "/opt/trainstack/venv"
 MODELS_DIR = "/srv/trainstack/models"
+JOB_USER = "trainstack"
+# Spark's client config on the nodes: the multi-master URL, spark.authenticate, the secret.
+NODE_ENV = {"SPARK_CONF_DIR": "/etc/trainstack/spark", "PYTHONUNBUFFERED": "1"}
 # What is copied back to the host; shards and the backup stay on the cluster's volume.
 RESULT_FILES = ("model.keras", "metrics.json", "curves.png")
 
@@ -33,9 +36,13 @@ class TrainingError(RuntimeError):
 
 
 def _stream_exec(container: Any, command: list[str], env: dict[str, str]) -> tuple[int, str]:
-    """Run `command` in `container`, echoing its output live; return (exit code, stdout)."""
+    """Run `command` in `container` as the daemons' user, echoing its output live.
+
+    Returns (exit code, stdout). The job runs as `trainstack`, who owns the shared storage
+    and Spark's client config (with the cluster's auth secret, mode 0600).
+    """
     api = container.client.api
-    exec_id = api.exec_create(container.id, command, environment=env)["Id"]
+    exec_id = api.exec_create(container.id, command, environment=env, user=JOB_USER)["Id"]
     stdout = io.StringIO()
     for out, err in api.exec_start(exec_id, stream=True, demux=True):
         if err:
@@ -97,7 +104,7 @@ class _TrainingJobProvider(ResourceProvider):
             settings["spark_conf"],
         ]
         print(f"launching on {props['submit_container']}: {shlex.join(command)}", file=sys.stderr)
-        code, stdout = _stream_exec(container, command, env={"PYTHONUNBUFFERED": "1"})
+        code, stdout = _stream_exec(container, command, env=NODE_ENV)
         lines = [line for line in stdout.strip().splitlines() if line.startswith("{")]
         summary = json.loads(lines[-1]) if lines else {}
         if code != 0 or not summary.get("ok"):

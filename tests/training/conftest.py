@@ -29,14 +29,20 @@ def _require_runtime() -> None:
                 break
     java = Path(os.environ["JAVA_HOME"], "bin", "java") if os.environ.get("JAVA_HOME") else None
     if not (java and java.exists()) and not shutil.which("java"):
-        pytest.fail("Java is missing: Spark needs a JDK 17+ (apt-get install openjdk-17-jdk or "
-                    "set JAVA_HOME)", pytrace=False)
+        pytest.fail(
+            "Java is missing: Spark needs a JDK 17+ (apt-get install openjdk-17-jdk or "
+            "set JAVA_HOME)",
+            pytrace=False,
+        )
     for module in ("pyspark", "tensorflow", "tf_keras", "trainstack_training"):
         try:
             __import__(module)
         except ImportError as exc:
-            pytest.fail(f"{module} is not importable ({exc}); install training/ and "
-                        "`pip install --no-deps tf-keras==2.21.0`", pytrace=False)
+            pytest.fail(
+                f"{module} is not importable ({exc}); install training/ and "
+                "`pip install --no-deps tf-keras==2.21.0`",
+                pytrace=False,
+            )
 
 
 @pytest.fixture(scope="session", autouse=True)
@@ -59,7 +65,10 @@ def run_cli(args: list[str], timeout: int = 600) -> tuple[int, dict[str, Any], s
     """Run `trainstack-train` in a fresh process; return (rc, last-line JSON, stderr)."""
     proc = subprocess.run(
         [sys.executable, "-m", "trainstack_training", *args],
-        capture_output=True, text=True, timeout=timeout, env=dict(os.environ),
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        env=dict(os.environ),
     )
     lines = [ln for ln in proc.stdout.splitlines() if ln.strip()]
     assert lines, f"no stdout; stderr tail:\n{proc.stderr[-3000:]}"

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import time
 from pathlib import Path
 from typing import Any
@@ -9,7 +10,6 @@ from typing import Any
 import numpy as np
 import pandas as pd
 import pytest
-
 from trainstack_training.config import ConfigError, TrainConfig, parse_args
 from trainstack_training.data import DataError, generate_digits, load_arrays, prepare
 from trainstack_training.launcher import ClusterError, check_slots
@@ -52,8 +52,9 @@ def test_prepare_digits_shards_split_normalise(spark: Any, tmp_path: Path) -> No
 
 def test_csv_input(spark: Any, tmp_path: Path) -> None:
     rng = np.random.default_rng(0)
-    df = pd.DataFrame({"a": rng.normal(size=400), "b": rng.normal(size=400),
-                       "y": rng.integers(0, 3, size=400)})
+    df = pd.DataFrame(
+        {"a": rng.normal(size=400), "b": rng.normal(size=400), "y": rng.integers(0, 3, size=400)}
+    )
     df.to_csv(tmp_path / "in.csv", index=False)
     cfg = _cfg(tmp_path, data=str(tmp_path / "in.csv"), label_col="y", n_classes=3, workers=2)
     info = prepare(spark, cfg, tmp_path / "data")
@@ -79,21 +80,40 @@ def _digits_df(n: int = 300) -> pd.DataFrame:
         (lambda d: d.drop(columns=["label"]), {}, r"label column 'label' is missing"),
         (lambda d: d, {"feature_cols": "f0,nope"}, r"feature columns \['nope'\] are missing"),
         (lambda d: d.assign(label=d["label"] + 0.5), {}, r"non-integer values \(e\.g\. "),
-        (lambda d: d.assign(label=d["label"].astype(str)), {},
-         r"has type string; it must hold integers in \[0, 10\)"),
-        (lambda d: d.assign(label=d["label"].where(d.index != 7, 12)), {},
-         r"label 12 .* out of range; labels must be integers in \[0, 10\)"),
-        (lambda d: d.assign(label=d["label"].where(d.index != 7, -1)), {},
-         r"label -1 .* out of range"),
+        (
+            lambda d: d.assign(label=d["label"].astype(str)),
+            {},
+            r"has type string; it must hold integers in \[0, 10\)",
+        ),
+        (
+            lambda d: d.assign(label=d["label"].where(d.index != 7, 12)),
+            {},
+            r"label 12 .* out of range; labels must be integers in \[0, 10\)",
+        ),
+        (
+            lambda d: d.assign(label=d["label"].where(d.index != 7, -1)),
+            {},
+            r"label -1 .* out of range",
+        ),
         (lambda d: d.iloc[:0], {}, r"is empty \(0 rows\)"),
         (lambda d: d.iloc[:3], {"workers": 8}, r"fewer than workers=8"),
         (lambda d: d.assign(f1="x"), {}, r"must be numeric; not numeric: \['f1 \(string\)'\]"),
     ],
-    ids=["missing-label", "missing-feature", "fractional-label", "string-label",
-         "label-too-big", "label-negative", "empty", "fewer-rows-than-workers", "text-feature"],
+    ids=[
+        "missing-label",
+        "missing-feature",
+        "fractional-label",
+        "string-label",
+        "label-too-big",
+        "label-negative",
+        "empty",
+        "fewer-rows-than-workers",
+        "text-feature",
+    ],
 )
-def test_bad_data_fails_with_cause(spark: Any, tmp_path: Path, mutate: Any,
-                                   kwargs: dict[str, Any], pattern: str) -> None:
+def test_bad_data_fails_with_cause(
+    spark: Any, tmp_path: Path, mutate: Any, kwargs: dict[str, Any], pattern: str
+) -> None:
     path = _parquet(tmp_path, mutate(_digits_df()))
     cfg = _cfg(tmp_path, data=path, **kwargs)
     with pytest.raises(DataError, match=pattern):
@@ -130,3 +150,42 @@ def test_config_flags_file_and_bad_values(tmp_path: Path) -> None:
         parse_args(["--workers", "0"])
     with pytest.raises(ConfigError, match=r"unknown config keys \['bogus'\]"):
         TrainConfig.from_dict({"bogus": 1})
+
+
+def test_session_settings_for_barrier_training(spark: Any) -> None:
+    conf = spark.sparkContext.getConf()
+    # TF's collectives are set up once per process: Python workers must not be reused.
+    assert conf.get("spark.python.worker.reuse") == "false"
+    assert conf.get("spark.scheduler.barrier.maxConcurrentTasksCheck.interval") == "1s"
+    assert conf.get("spark.master") == "local[2,4]"  # plain local[N] would never retry
+
+
+def test_worker_environment_is_set_before_tensorflow(tmp_path: Path) -> None:
+    import subprocess
+    import sys
+
+    code = (
+        "import json, os\n"
+        "from trainstack_training.train import configure_environment, pin_to_cores\n"
+        "tf_config = {'cluster': {'worker': ['h:1', 'h:2']}, 'task': {'type': 'worker', "
+        "'index': 1}}\n"
+        "configure_environment(tf_config, cores=1)\n"
+        "print(pin_to_cores(1, 1))\n"
+        "from trainstack_training.train import import_tensorflow\n"
+        "tf = import_tensorflow(1)\n"
+        "r = tf.distribute.cluster_resolver.TFConfigClusterResolver()\n"
+        "print(json.dumps([r.task_id, os.environ['TF_USE_LEGACY_KERAS'], "
+        "tf.config.threading.get_intra_op_parallelism_threads(), "
+        "len(os.sched_getaffinity(0)), tf.keras.__name__]))\n"
+        "try:\n"
+        "    configure_environment(None, 1)\n"
+        "except RuntimeError as exc:\n"
+        "    print('refused:', exc)\n"
+    )
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    lines = proc.stdout.strip().splitlines()
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    task_id, legacy, intra, ncpu, keras_name = json.loads(lines[1])
+    assert (task_id, legacy, intra, ncpu) == (1, "1", 1, 1)
+    assert keras_name.startswith("tf_keras"), keras_name
+    assert lines[2].startswith("refused: TensorFlow is already imported")

@@ -18,8 +18,9 @@ EPOCHS = 8  # enough for >= 0.90 on the digits with both 1 and 2 workers, a few 
 @pytest.fixture(scope="module")
 def two_workers(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     out = tmp_path_factory.mktemp("two")
-    rc, summary, err = run_cli(["--master", "local[2]", "--workers", "2", "--epochs",
-                                str(EPOCHS), "--output", str(out)])
+    rc, summary, err = run_cli(
+        ["--master", "local[2]", "--workers", "2", "--epochs", str(EPOCHS), "--output", str(out)]
+    )
     assert rc == 0, err[-3000:]
     return summary
 
@@ -27,8 +28,9 @@ def two_workers(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
 @pytest.fixture(scope="module")
 def one_worker(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     out = tmp_path_factory.mktemp("one")
-    rc, summary, err = run_cli(["--master", "local[2]", "--workers", "1", "--epochs",
-                                str(EPOCHS), "--output", str(out)])
+    rc, summary, err = run_cli(
+        ["--master", "local[2]", "--workers", "1", "--epochs", str(EPOCHS), "--output", str(out)]
+    )
     assert rc == 0, err[-3000:]
     return summary
 
@@ -53,36 +55,78 @@ def test_saved_model_loads_and_predicts(two_workers: dict[str, Any]) -> None:
     import subprocess
     import sys
 
-    code = ("import os; os.environ['TF_USE_LEGACY_KERAS']='1'; import tensorflow as tf, numpy;"
-            f"m=tf.keras.models.load_model({two_workers['model_path']!r});"
-            "print(m.predict(numpy.zeros((2,64),'float32'),verbose=0).shape)")
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                         env=dict(os.environ), timeout=300)
+    code = (
+        "import os; os.environ['TF_USE_LEGACY_KERAS']='1'; import tensorflow as tf, numpy;"
+        f"m=tf.keras.models.load_model({two_workers['model_path']!r});"
+        "print(m.predict(numpy.zeros((2,64),'float32'),verbose=0).shape)"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code],
+        capture_output=True,
+        text=True,
+        env=dict(os.environ),
+        timeout=300,
+    )
     assert out.stdout.strip().endswith("(2, 10)"), out.stderr[-2000:]
 
 
-def test_one_worker_baseline_is_comparable(one_worker: dict[str, Any],
-                                           two_workers: dict[str, Any]) -> None:
+def test_one_worker_baseline_is_comparable(
+    one_worker: dict[str, Any], two_workers: dict[str, Any]
+) -> None:
     assert one_worker["workers"] == 1 and one_worker["final_val_accuracy"] >= 0.90, one_worker
     diff = abs(one_worker["final_val_accuracy"] - two_workers["final_val_accuracy"])
     assert diff <= 0.05, (one_worker, two_workers)
 
 
-def test_killed_worker_resumes_from_backup(tmp_path: Path) -> None:
-    # Worker 1 SIGKILLs its own Python process halfway through epoch 2 (a real crash); Spark
-    # retries the barrier stage and both workers resume from the epoch-1 backup.
-    rc, s, err = run_cli(["--master", "local[2]", "--workers", "2", "--epochs", "4",
-                          "--fault-kill-epoch", "2", "--output", str(tmp_path)])
+@pytest.mark.parametrize(
+    ("victim", "epoch", "expected"),
+    [(1, 2, [1, 2, 2, 2]), (0, 3, [1, 1, 2, 2])],
+    ids=["worker-killed", "chief-killed"],
+)
+def test_killed_worker_resumes_from_backup(
+    tmp_path: Path, victim: int, epoch: int, expected: list[int]
+) -> None:
+    # A worker SIGKILLs its own Python process halfway through an epoch (a real crash, no
+    # cleanup); Spark retries the barrier stage and both workers resume from the last backup.
+    rc, s, err = run_cli(
+        ["--master", "local[2]", "--workers", "2", "--epochs", "4", "--output", str(tmp_path),
+         "--fault-kill-epoch", str(epoch), "--fault-kill-worker", str(victim)]
+    )  # fmt: skip
     assert rc == 0, err[-3000:]
     assert (tmp_path / ".fault-injected").exists(), "the fault was never injected"
     assert s["attempts"] == 2 and s["epochs"] == 4, s
     metrics = json.loads(Path(s["metrics_path"]).read_text())
-    assert metrics["epoch_attempt"] == [1, 2, 2, 2]  # epoch 1 kept, 2-4 from the retry
+    # the epochs before the crash come from attempt 1, the crashed one and later from the retry
+    assert metrics["epoch_attempt"] == expected
     assert s["final_val_accuracy"] >= 0.80
-    assert not (tmp_path / "backup").exists()  # BackupAndRestore removes it on success
+    assert Path(s["model_path"]).is_file()
+    assert not (tmp_path / "backup").exists()  # checkpoints are removed after success
 
 
 def test_cli_error_is_clear_and_last_line_json(tmp_path: Path) -> None:
-    rc, s, err = run_cli(["--data", str(tmp_path / "missing.csv"), "--output", str(tmp_path)])
+    rc, s, _ = run_cli(["--data", str(tmp_path / "missing.csv"), "--output", str(tmp_path)])
     assert rc == 2 and s["ok"] is False and s["kind"] == "DataError"
     assert "does not exist" in s["error"] and "missing.csv" in s["error"]
+
+
+def test_retries_exhausted_is_a_clear_failure(tmp_path: Path) -> None:
+    # One attempt allowed and a worker killed: the job fails, says why, keeps the checkpoint.
+    rc, s, _ = run_cli(
+        ["--master", "local[2]", "--workers", "2", "--epochs", "3", "--output", str(tmp_path),
+         "--fault-kill-epoch", "2", "--max-attempts", "1", "--no-plot"]
+    )  # fmt: skip
+    assert rc == 1 and s["ok"] is False and s["kind"] == "TrainingError", s
+    assert "after 1 barrier-stage attempt(s) (max_attempts=1)" in s["error"]
+    assert any(p.is_file() for p in (tmp_path / "backup").rglob("*"))
+    # Rerunning the same command (a restarted job) resumes from that checkpoint.
+    rc, s, err = run_cli(
+        ["--master", "local[2]", "--workers", "2", "--epochs", "3", "--output", str(tmp_path),
+         "--no-plot"]
+    )  # fmt: skip
+    assert rc == 0 and s["epochs"] == 3, err[-3000:]
+    started = [e["epoch"] for e in _epoch_rows(tmp_path)]
+    assert started == [1, 2, 3]  # epoch 1 from the failed job, 2-3 from the rerun
+
+
+def _epoch_rows(out: Path) -> list[dict[str, Any]]:
+    return [json.loads(ln) for ln in (out / "epochs.jsonl").read_text().splitlines() if ln]

@@ -133,7 +133,8 @@ def test_outputs_and_inventory_shape(mocks):
         assert [n["name"] for n in nodes][-1] == "worker-3"
         assert {"name", "container", "roles", "address", "container_id"} <= set(nodes[0])
         hosts = inventory["all"]["children"]["workers"]["hosts"]
-        assert hosts["worker-3"]["trainstack_node_address"].startswith("10.9.0.")
+        assert hosts["worker-3"]["trainstack_node_address"] == "worker-3"
+        assert hosts["worker-3"]["trainstack_ip_address"].startswith("10.9.0.")
         assert set(inventory["all"]["children"]["spark_worker"]["hosts"]) == {
             "worker-1",
             "worker-2",

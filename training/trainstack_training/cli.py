@@ -4,29 +4,40 @@ from __future__ import annotations
 
 import json
 import sys
+import traceback
 
 from trainstack_training.config import ConfigError, parse_args
+
+
+def _fail(exc: BaseException, code: int) -> int:
+    print(f"trainstack-train: error: {exc}", file=sys.stderr)
+    print(json.dumps({"ok": False, "error": str(exc), "kind": type(exc).__name__}), flush=True)
+    return code
 
 
 def main(argv: list[str] | None = None) -> int:
     """Run the whole job; the last stdout line is a one-line JSON summary (also on failure)."""
     from trainstack_training.data import DataError
-    from trainstack_training.launcher import ClusterError, run
+    from trainstack_training.launcher import ClusterError, TrainingError, run
     from trainstack_training.report import summary
 
     try:
         cfg = parse_args(argv)
         metrics = run(cfg)
     except (ConfigError, DataError, ClusterError) as exc:
-        print(f"trainstack-train: error: {exc}", file=sys.stderr)
-        print(json.dumps({"ok": False, "error": str(exc), "kind": type(exc).__name__}),
-              flush=True)
-        return 2
+        # Bad input or a cluster that cannot run the job: nothing was trained.
+        return _fail(exc, 2)
+    except TrainingError as exc:
+        return _fail(exc, 1)
+    except Exception as exc:  # anything else still ends with the JSON line callers parse
+        traceback.print_exc()
+        return _fail(exc, 1)
     result = {"ok": True, **summary(metrics)}
-    print(f"validation accuracy {result['final_val_accuracy']:.4f} after {result['epochs']} "
-          f"epochs on {result['workers']} worker(s) in {result['attempts']} attempt(s); "
-          f"{result['samples_per_second']:.0f} samples/s; model {result['model_path']}",
-          file=sys.stderr)
+    print(
+        f"validation accuracy {result['final_val_accuracy']:.4f} after {result['epochs']} "
+        f"epochs on {result['workers']} worker(s) in {result['attempts']} attempt(s); "
+        f"{result['samples_per_second']:.0f} samples/s; model {result['model_path']}"
+    )
     print(json.dumps(result), flush=True)
     return 0
 

@@ -21,45 +21,122 @@ class ConfigError(ValueError):
 class TrainConfig:
     """Everything one training run needs. Field docs double as the CLI's help text."""
 
-    master: str = field(default="local[2]", metadata={"help": "Spark master URL "
-                        "(spark://m1:7077,m2:7077 for standby masters, local[N] for one machine)"})
-    workers: int = field(default=2, metadata={"help": "number of TensorFlow workers "
-                         "(= barrier tasks); 1 is the single-machine baseline"})
+    master: str = field(
+        default="local[2]",
+        metadata={
+            "help": "Spark master URL "
+            "(spark://m1:7077,m2:7077 for standby masters, local[N] for one machine)"
+        },
+    )
+    workers: int = field(
+        default=2,
+        metadata={
+            "help": "number of TensorFlow workers "
+            "(= barrier tasks); 1 is the single-machine baseline"
+        },
+    )
     epochs: int = field(default=5, metadata={"help": "training epochs"})
-    batch_size: int = field(default=32, metadata={"help": "per-worker batch size; the global "
-                            "batch is batch_size x workers"})
+    batch_size: int = field(
+        default=32,
+        metadata={"help": "per-worker batch size; the global batch is batch_size x workers"},
+    )
     learning_rate: float = field(default=1e-3, metadata={"help": "Adam learning rate"})
-    data: str = field(default=DIGITS, metadata={"help": "'digits' (built in), or a Parquet/CSV "
-                      "path or URL the cluster can read (file://, hdfs://, s3a://, http(s)://)"})
+    data: str = field(
+        default=DIGITS,
+        metadata={
+            "help": "'digits' (built in), or a Parquet/CSV "
+            "path or URL the cluster can read (file://, hdfs://, s3a://, http(s)://)"
+        },
+    )
     data_format: str = field(default="auto", metadata={"help": "auto, parquet or csv"})
-    rows: int = field(default=0, metadata={"help": "with --data digits: scale the set to this "
-                      "many rows with deterministic augmented copies (0 = the 1797 originals)"})
+    rows: int = field(
+        default=0,
+        metadata={
+            "help": "with --data digits: scale the set to this "
+            "many rows with deterministic augmented copies (0 = the 1797 originals)"
+        },
+    )
     label_col: str = field(default="label", metadata={"help": "integer label column"})
-    feature_cols: str = field(default="", metadata={"help": "comma-separated feature columns "
-                              "(empty = every column except the label)"})
-    n_classes: int = field(default=10, metadata={"help": "labels must be integers in "
-                           "[0, n_classes)"})
+    feature_cols: str = field(
+        default="",
+        metadata={
+            "help": "comma-separated feature columns (empty = every column except the label)"
+        },
+    )
+    n_classes: int = field(
+        default=10, metadata={"help": "labels must be integers in [0, n_classes)"}
+    )
     val_fraction: float = field(default=0.2, metadata={"help": "validation share of the rows"})
     seed: int = field(default=42, metadata={"help": "seed for split, shuffling and weights"})
-    output: str = field(default="./trainstack-output", metadata={"help": "run directory on "
-                        "storage shared by all workers (model, metrics, plot, shards, backup)"})
-    cores_per_worker: int = field(default=1, metadata={"help": "cores per TensorFlow worker "
-                                  "(spark.task.cpus); TensorFlow's threads are limited to it"})
-    max_attempts: int = field(default=4, metadata={"help": "barrier stage attempts before the "
-                              "job fails (spark.stage.maxConsecutiveAttempts)"})
-    slot_wait_seconds: int = field(default=10, metadata={"help": "how long to wait for enough "
-                                   "free slots for the barrier stage before failing"})
+    output: str = field(
+        default="./trainstack-output",
+        metadata={
+            "help": "run directory on "
+            "storage shared by all workers (model, metrics, plot, shards, backup)"
+        },
+    )
+    cores_per_worker: int = field(
+        default=1,
+        metadata={
+            "help": "cores per TensorFlow worker "
+            "(spark.task.cpus); TensorFlow's threads are limited to it"
+        },
+    )
+    pin_cores: bool = field(
+        default=False,
+        metadata={
+            "help": "pin each worker's process to its own cores (one machine, benchmarks): "
+            "worker i gets cores [i*c, (i+1)*c) of those the process may use"
+        },
+    )
+    max_attempts: int = field(
+        default=4,
+        metadata={
+            "help": "barrier stage attempts before the "
+            "job fails (spark.stage.maxConsecutiveAttempts)"
+        },
+    )
+    slot_wait_seconds: int = field(
+        default=10,
+        metadata={
+            "help": "how long to wait for enough free slots for the barrier stage before failing"
+        },
+    )
     app_name: str = field(default="trainstack-train", metadata={"help": "Spark application name"})
+    spark_conf: str = field(
+        default="",
+        metadata={
+            "help": "extra Spark settings, comma-separated key=value "
+            "(e.g. spark.driver.memory=4g,spark.executor.memory=4g)"
+        },
+    )
     plot: bool = field(default=True, metadata={"help": "write the training-curve PNG"})
-    # Test-only fault hook: the worker with this index SIGKILLs its own Python process at the
-    # start of this epoch (once: a marker file in the run directory records it). -1 = off.
-    fault_kill_epoch: int = field(default=-1, metadata={"help": "TEST ONLY: kill a worker at "
-                                  "the start of this epoch, once (-1 = off)"})
-    fault_kill_worker: int = field(default=1, metadata={"help": "TEST ONLY: index of the worker "
-                                   "that --fault-kill-epoch kills"})
+    # Test-only fault hook: the worker with this index SIGKILLs its own Python process halfway
+    # through this epoch (once: a marker file in the run directory records it). -1 = off.
+    fault_kill_epoch: int = field(
+        default=-1,
+        metadata={
+            "help": "TEST ONLY: SIGKILL a worker halfway through this epoch (1-based), once; "
+            "Spark retries and training resumes from the backup (-1 = off)"
+        },
+    )
+    fault_kill_worker: int = field(
+        default=1, metadata={"help": "TEST ONLY: index of the worker that --fault-kill-epoch kills"}
+    )
 
     def feature_list(self) -> list[str]:
         return [c.strip() for c in self.feature_cols.split(",") if c.strip()]
+
+    def spark_settings(self) -> dict[str, str]:
+        settings = {}
+        for item in (i.strip() for i in self.spark_conf.split(",")):
+            if not item:
+                continue
+            key, sep, value = item.partition("=")
+            if not sep or not key.strip():
+                raise ConfigError(f"spark_conf item {item!r}: expected key=value")
+            settings[key.strip()] = value.strip()
+        return settings
 
     def validate(self) -> TrainConfig:
         """Raise ConfigError naming the bad value and what is allowed."""
@@ -74,14 +151,17 @@ class TrainConfig:
             (self.cores_per_worker >= 1, f"cores_per_worker={self.cores_per_worker}: must be >= 1"),
             (self.max_attempts >= 1, f"max_attempts={self.max_attempts}: must be >= 1"),
             (self.slot_wait_seconds >= 1, f"slot_wait_seconds={self.slot_wait_seconds}: >= 1"),
-            (self.data_format in ("auto", "parquet", "csv"),
-             f"data_format={self.data_format!r}: allowed are auto, parquet, csv"),
+            (
+                self.data_format in ("auto", "parquet", "csv"),
+                f"data_format={self.data_format!r}: allowed are auto, parquet, csv",
+            ),
             (bool(self.master), "master is empty: give a Spark master URL"),
             (bool(self.output), "output is empty: give a directory on shared storage"),
         ]
         for ok, msg in checks:
             if not ok:
                 raise ConfigError(msg)
+        self.spark_settings()
         return self
 
     def to_dict(self) -> dict[str, Any]:
@@ -125,12 +205,22 @@ def build_parser() -> argparse.ArgumentParser:
     for f in fields(TrainConfig):
         help_text = f.metadata.get("help", "")
         if f.type in ("bool", bool):
-            parser.add_argument(_flag(f.name), dest=f.name, default=None,
-                                action=argparse.BooleanOptionalAction, help=help_text)
+            parser.add_argument(
+                _flag(f.name),
+                dest=f.name,
+                default=None,
+                action=argparse.BooleanOptionalAction,
+                help=help_text,
+            )
             continue
         kind = {"int": int, "float": float}.get(str(f.type), str)
-        parser.add_argument(_flag(f.name), dest=f.name, type=kind, default=None,
-                            help=f"{help_text} (default: {f.default})")
+        parser.add_argument(
+            _flag(f.name),
+            dest=f.name,
+            type=kind,
+            default=None,
+            help=f"{help_text} (default: {f.default})",
+        )
     return parser
 
 

@@ -147,8 +147,9 @@ def resolve_source(cfg: TrainConfig, data_root: Path) -> tuple[str, str]:
         generate_digits(src, cfg.rows, cfg.seed)
         return _spark_uri(src), "parquet"
     if cfg.rows:
-        raise DataError(f"rows={cfg.rows} only applies to --data digits (the generator); "
-                        f"got data={cfg.data!r}")
+        raise DataError(
+            f"rows={cfg.rows} only applies to --data digits (the generator); got data={cfg.data!r}"
+        )
     uri = cfg.data
     scheme = urllib.parse.urlparse(uri).scheme
     if scheme in ("http", "https"):
@@ -157,15 +158,17 @@ def resolve_source(cfg: TrainConfig, data_root: Path) -> tuple[str, str]:
         dest = data_root / "download" / name
         dest.parent.mkdir(parents=True, exist_ok=True)
         try:
-            urllib.request.urlretrieve(uri, dest)  # noqa: S310 (scheme checked above)
+            urllib.request.urlretrieve(uri, dest)
         except OSError as exc:
             raise DataError(f"data URL {uri!r} is unreachable: {exc}") from exc
         uri = _spark_uri(dest)
     elif _is_local(uri):
         local = _local_path(uri)
         if not local.exists():
-            raise DataError(f"data path {uri!r} does not exist (give a Parquet/CSV file or "
-                            "directory on storage every node can read, or 'digits')")
+            raise DataError(
+                f"data path {uri!r} does not exist (give a Parquet/CSV file or "
+                "directory on storage every node can read, or 'digits')"
+            )
         uri = _spark_uri(local)
     fmt = cfg.data_format
     if fmt == "auto":
@@ -194,28 +197,33 @@ def _check_schema(df: DataFrame, cfg: TrainConfig) -> tuple[list[str], bool]:
 
     types = {f.name: f.dataType for f in df.schema.fields}
     if cfg.label_col not in types:
-        raise DataError(f"label column {cfg.label_col!r} is missing; columns are "
-                        f"{sorted(types)} (set --label-col)")
+        raise DataError(
+            f"label column {cfg.label_col!r} is missing; columns are "
+            f"{sorted(types)} (set --label-col)"
+        )
     wanted = cfg.feature_list() or [c for c in df.columns if c != cfg.label_col]
     missing = [c for c in wanted if c not in types]
     if missing:
         raise DataError(f"feature columns {missing} are missing; columns are {sorted(types)}")
     if not wanted:
         raise DataError("no feature columns: the data set has only the label column")
-    bad = [f"{c} ({types[c].simpleString()})" for c in wanted
-           if not isinstance(types[c], NumericType)]
+    bad = [
+        f"{c} ({types[c].simpleString()})" for c in wanted if not isinstance(types[c], NumericType)
+    ]
     if bad:
         raise DataError(f"feature columns must be numeric; not numeric: {bad}")
     label_type = types[cfg.label_col]
     if not isinstance(label_type, IntegralType | FractionalType):
-        raise DataError(f"label column {cfg.label_col!r} has type {label_type.simpleString()}; "
-                        f"it must hold integers in [0, {cfg.n_classes})")
+        raise DataError(
+            f"label column {cfg.label_col!r} has type {label_type.simpleString()}; "
+            f"it must hold integers in [0, {cfg.n_classes})"
+        )
     return wanted, isinstance(label_type, IntegralType)
 
 
 def prepare(spark: SparkSession, cfg: TrainConfig, data_root: Path) -> DataInfo:
     """Run the data stage; write train shards (one per worker) and the validation set."""
-    from pyspark.sql import functions as F
+    from pyspark.sql import functions as F  # noqa: N812 (the PySpark idiom)
 
     start = time.perf_counter()
     uri, fmt = resolve_source(cfg, data_root)
@@ -224,8 +232,9 @@ def prepare(spark: SparkSession, cfg: TrainConfig, data_root: Path) -> DataInfo:
     label = F.col(cfg.label_col)
     all_cols = [F.col(c) for c in [*features, cfg.label_col]]
     # Content hash => the split and shard of a row do not depend on file layout or partitions.
-    is_val = (F.pmod(F.xxhash64(F.lit(cfg.seed), *all_cols), F.lit(1_000_000))
-              < F.lit(int(cfg.val_fraction * 1_000_000)))
+    is_val = F.pmod(F.xxhash64(F.lit(cfg.seed), *all_cols), F.lit(1_000_000)) < F.lit(
+        int(cfg.val_fraction * 1_000_000)
+    )
     df = df.withColumn("_val", is_val)
     train = ~F.col("_val")
     # One pass computes the checks and the normalisation statistics (from training rows only).
@@ -238,13 +247,16 @@ def prepare(spark: SparkSession, cfg: TrainConfig, data_root: Path) -> DataInfo:
     ]
     if not label_integral:
         aggs.append(F.sum((label != F.floor(label)).cast("long")).alias("frac_labels"))
-        aggs.append(F.first(F.when(label != F.floor(label), label), ignorenulls=True)
-                    .alias("frac_example"))
+        aggs.append(
+            F.first(F.when(label != F.floor(label), label), ignorenulls=True).alias("frac_example")
+        )
     for i, c in enumerate(features):
         col = F.col(c).cast("double")
-        aggs += [F.sum(col.isNull().cast("long")).alias(f"n{i}"),
-                 F.min(F.when(train, col)).alias(f"lo{i}"),
-                 F.max(F.when(train, col)).alias(f"hi{i}")]
+        aggs += [
+            F.sum(col.isNull().cast("long")).alias(f"n{i}"),
+            F.min(F.when(train, col)).alias(f"lo{i}"),
+            F.max(F.when(train, col)).alias(f"hi{i}"),
+        ]
     try:
         stats = df.agg(*aggs).collect()[0].asDict()
     except Exception as exc:  # e.g. a path that vanished or unreadable files
@@ -257,20 +269,35 @@ def prepare(spark: SparkSession, cfg: TrainConfig, data_root: Path) -> DataInfo:
         span = hi - lo if hi > lo else 1.0  # constant feature -> 0, not a division by zero
         norm.append(((F.col(c).cast("double") - lo) / span).cast("float"))
     shard = F.pmod(F.xxhash64(F.lit(cfg.seed + 1), *all_cols), F.lit(cfg.workers))
-    out = df.select(F.array(*norm).alias("features"), label.cast("int").alias("label"),
-                    shard.cast("int").alias("shard"), F.col("_val"))
+    out = df.select(
+        F.array(*norm).alias("features"),
+        label.cast("int").alias("label"),
+        shard.cast("int").alias("shard"),
+        F.col("_val"),
+    )
     train_dir, val_dir = data_root / "train", data_root / "val"
-    (out.filter(~F.col("_val")).drop("_val").write.mode("overwrite")
-     .partitionBy("shard").parquet(_spark_uri(train_dir)))
+    (
+        out.filter(~F.col("_val"))
+        .drop("_val")
+        .write.mode("overwrite")
+        .partitionBy("shard")
+        .parquet(_spark_uri(train_dir))
+    )
     out.filter(F.col("_val")).drop("_val", "shard").write.mode("overwrite").parquet(
-        _spark_uri(val_dir))
+        _spark_uri(val_dir)
+    )
 
     shard_rows = [_parquet_rows(train_dir / f"shard={k}") for k in range(cfg.workers)]
     val_rows = _parquet_rows(val_dir)
     info = DataInfo(
-        train_dir=str(train_dir.resolve()), val_dir=str(val_dir.resolve()),
-        n_features=len(features), n_classes=cfg.n_classes, feature_cols=features,
-        shard_rows=shard_rows, val_rows=val_rows, total_rows=int(stats["rows"]),
+        train_dir=str(train_dir.resolve()),
+        val_dir=str(val_dir.resolve()),
+        n_features=len(features),
+        n_classes=cfg.n_classes,
+        feature_cols=features,
+        shard_rows=shard_rows,
+        val_rows=val_rows,
+        total_rows=int(stats["rows"]),
         seconds=time.perf_counter() - start,
     )
     _check_shards(info, cfg)
@@ -283,20 +310,28 @@ def _check_stats(stats: dict[str, Any], cfg: TrainConfig, features: list[str]) -
         raise DataError(f"the data set {cfg.data!r} is empty (0 rows)")
     train_rows = int(stats["train_rows"] or 0)
     if train_rows < cfg.workers:
-        raise DataError(f"the data set has {rows} rows ({train_rows} for training), fewer than "
-                        f"workers={cfg.workers}: every worker needs at least one batch of rows")
+        raise DataError(
+            f"the data set has {rows} rows ({train_rows} for training), fewer than "
+            f"workers={cfg.workers}: every worker needs at least one batch of rows"
+        )
     if stats["null_labels"]:
-        raise DataError(f"label column {cfg.label_col!r} has {stats['null_labels']} null "
-                        "values; every row needs a label")
+        raise DataError(
+            f"label column {cfg.label_col!r} has {stats['null_labels']} null "
+            "values; every row needs a label"
+        )
     if stats.get("frac_labels"):
-        raise DataError(f"label column {cfg.label_col!r} has {stats['frac_labels']} non-integer "
-                        f"values (e.g. {stats['frac_example']}); labels must be integers in "
-                        f"[0, {cfg.n_classes})")
+        raise DataError(
+            f"label column {cfg.label_col!r} has {stats['frac_labels']} non-integer "
+            f"values (e.g. {stats['frac_example']}); labels must be integers in "
+            f"[0, {cfg.n_classes})"
+        )
     lo, hi = stats["min_label"], stats["max_label"]
     if lo < 0 or hi >= cfg.n_classes:
         bad = lo if lo < 0 else hi
-        raise DataError(f"label {bad} in column {cfg.label_col!r} is out of range; labels must "
-                        f"be integers in [0, {cfg.n_classes}) (set --n-classes)")
+        raise DataError(
+            f"label {bad} in column {cfg.label_col!r} is out of range; labels must "
+            f"be integers in [0, {cfg.n_classes}) (set --n-classes)"
+        )
     nulls = {c: stats[f"n{i}"] for i, c in enumerate(features) if stats[f"n{i}"]}
     if nulls:
         raise DataError(f"feature columns have null values {nulls}; clean or drop them first")
@@ -306,12 +341,16 @@ def _check_shards(info: DataInfo, cfg: TrainConfig) -> None:
     smallest = min(info.shard_rows)
     if smallest < cfg.batch_size:
         k = info.shard_rows.index(smallest)
-        raise DataError(f"worker shard {k} has {smallest} training rows, fewer than "
-                        f"batch_size={cfg.batch_size}; use fewer workers, a smaller batch "
-                        f"or more rows (shard rows: {info.shard_rows})")
+        raise DataError(
+            f"worker shard {k} has {smallest} training rows, fewer than "
+            f"batch_size={cfg.batch_size}; use fewer workers, a smaller batch "
+            f"or more rows (shard rows: {info.shard_rows})"
+        )
     if info.val_rows == 0:
-        raise DataError(f"the validation split is empty ({info.total_rows} rows, "
-                        f"val_fraction={cfg.val_fraction}); use more rows")
+        raise DataError(
+            f"the validation split is empty ({info.total_rows} rows, "
+            f"val_fraction={cfg.val_fraction}); use more rows"
+        )
 
 
 def _parquet_rows(path: Path) -> int:

@@ -16,7 +16,7 @@ import shutil
 import socket
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from dataclasses import asdict
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -36,6 +36,10 @@ class ClusterError(RuntimeError):
     """The cluster cannot run the job (e.g. too few free slots); the message says why."""
 
 
+class TrainingError(RuntimeError):
+    """The barrier stage failed more often than max_attempts allows."""
+
+
 def effective_master(cfg: TrainConfig) -> str:
     """local[N] never retries a failed task; local[N,F] does, like a real cluster."""
     m = _LOCAL.match(cfg.master)
@@ -47,7 +51,8 @@ def build_session(cfg: TrainConfig) -> SparkSession:
 
     master = effective_master(cfg)
     builder = (
-        SparkSession.builder.master(master).appName(cfg.app_name)
+        SparkSession.builder.master(master)
+        .appName(cfg.app_name)
         # TF sets up its collectives once per process: a reused Python worker would hang in a
         # second barrier job. Fresh workers also make TF_CONFIG-before-import hold.
         .config("spark.python.worker.reuse", "false")
@@ -55,8 +60,10 @@ def build_session(cfg: TrainConfig) -> SparkSession:
         # Fail fast (not after the default 10 minutes) when the barrier stage cannot get one
         # slot per worker: check every second, give up after slot_wait_seconds checks.
         .config("spark.scheduler.barrier.maxConcurrentTasksCheck.interval", "1s")
-        .config("spark.scheduler.barrier.maxConcurrentTasksCheck.maxFailures",
-                str(cfg.slot_wait_seconds))
+        .config(
+            "spark.scheduler.barrier.maxConcurrentTasksCheck.maxFailures",
+            str(cfg.slot_wait_seconds),
+        )
         .config("spark.stage.maxConsecutiveAttempts", str(cfg.max_attempts))
         .config("spark.task.maxFailures", str(cfg.max_attempts))
         .config("spark.ui.showConsoleProgress", "false")
@@ -66,6 +73,8 @@ def build_session(cfg: TrainConfig) -> SparkSession:
         builder = builder.config("spark.pyspark.python", sys.executable)
         builder = builder.config("spark.pyspark.driver.python", sys.executable)
         builder = builder.config("spark.ui.enabled", "false")
+    for key, value in cfg.spark_settings().items():
+        builder = builder.config(key, value)
     spark = builder.getOrCreate()
     spark.sparkContext.setLogLevel("ERROR")
     return spark
@@ -74,7 +83,8 @@ def build_session(cfg: TrainConfig) -> SparkSession:
 def check_slots(spark: SparkSession, cfg: TrainConfig) -> None:
     """A no-op barrier job with one task per worker: fails within slot_wait_seconds when the
     cluster lacks free slots, before any data is read."""
-    def noop(it: Iterator[int]) -> Iterator[int]:
+
+    def noop(it: Iterable[int]) -> Iterator[int]:
         yield sum(1 for _ in it)
 
     rdd = spark.sparkContext.parallelize(range(cfg.workers), cfg.workers)
@@ -82,13 +92,15 @@ def check_slots(spark: SparkSession, cfg: TrainConfig) -> None:
         rdd.barrier().mapPartitions(noop).collect()
     except Exception as exc:
         text = str(exc)
-        if "BARRIER" in text.upper() and ("slots" in text or "maxConcurrentTasks" in text
-                                          or "SPARK-24819" in text):
+        if "BARRIER" in text.upper() and (
+            "slots" in text or "maxConcurrentTasks" in text or "SPARK-24819" in text
+        ):
             raise ClusterError(
                 f"the cluster at {cfg.master!r} has fewer free task slots than workers="
                 f"{cfg.workers} (each worker needs one slot of cores_per_worker="
                 f"{cfg.cores_per_worker} cores, all at once, for the barrier stage); "
-                "use fewer workers or add executors/cores") from exc
+                "use fewer workers or add executors/cores"
+            ) from exc
         raise
 
 
@@ -119,12 +131,13 @@ def barrier_task(cfg_json: str, info_json: str) -> Any:
                 fh.write(f"{time.time():.3f} {host}\n")
         # allGather returns the messages ordered by partition id = TF task index.
         peers = ctx.allGather(f"{host}:{_free_port()}")
-        attempt = len((Path(cfg.output).resolve() / ATTEMPTS_LOG).read_text().splitlines())
+        attempt = count_attempts(Path(cfg.output).resolve())
         tf_config = None
         if cfg.workers > 1:
             tf_config = {"cluster": {"worker": peers}, "task": {"type": "worker", "index": index}}
-        result = run_worker(cfg, info, index, tf_config, cores=ctx.cpus(), attempt=attempt,
-                            host=host)
+        result = run_worker(
+            cfg, info, index, tf_config, cores=ctx.cpus(), attempt=attempt, host=host
+        )
         yield json.dumps(asdict(result))
 
     return run
@@ -136,7 +149,16 @@ def run_barrier(spark: SparkSession, cfg: TrainConfig, info: DataInfo) -> list[d
     # Spark retries a failed barrier stage only if it is a shuffle map stage ("Could not
     # recover from a failed barrier ResultStage" otherwise): a shuffle after it makes it one.
     stage = rdd.barrier().mapPartitions(barrier_task(cfg_json, info.to_json()))
-    rows = stage.repartition(1).collect()
+    try:
+        rows = stage.repartition(1).collect()
+    except Exception as exc:
+        text = str(exc)
+        reason = next((ln.strip() for ln in text.splitlines() if "Exception" in ln), "")
+        raise TrainingError(
+            f"training failed after {count_attempts(Path(cfg.output))} barrier-stage attempt(s) "
+            f"(max_attempts={cfg.max_attempts}); the checkpoint in {cfg.output}/backup is "
+            f"kept, so rerunning the same command resumes from it. Spark: {reason[:500]}"
+        ) from exc
     return sorted((json.loads(r) for r in rows), key=lambda r: r["task_index"])
 
 
@@ -151,7 +173,7 @@ def run(cfg: TrainConfig) -> dict[str, Any]:
     # A backup/ left by an interrupted run is kept on purpose: the new run resumes from it,
     # and then the epoch log of the earlier epochs is kept too.
     stale = [ATTEMPTS_LOG, ".fault-injected"]
-    if not (out / "backup").exists():
+    if not _has_backup(out):
         stale.append(EPOCH_LOG)
     for name in stale:
         (out / name).unlink(missing_ok=True)
@@ -167,12 +189,19 @@ def run(cfg: TrainConfig) -> dict[str, Any]:
         train_seconds = time.perf_counter() - train_start
     finally:
         spark.stop()
-    metrics = build_metrics(cfg, info, results, out, train_seconds,
-                            time.perf_counter() - start)
+    if not _has_backup(out):
+        # BackupAndRestore deletes its checkpoints on success but leaves the empty directories.
+        shutil.rmtree(out / "backup", ignore_errors=True)
+    metrics = build_metrics(cfg, info, results, out, train_seconds, time.perf_counter() - start)
     write_outputs(metrics, out, plot=cfg.plot)
     return metrics
 
 
-def clean_run_dir(path: str | Path) -> None:
-    """Remove a run directory (tests and benchmarks start from scratch)."""
-    shutil.rmtree(path, ignore_errors=True)
+def _has_backup(out: Path) -> bool:
+    backup = out / "backup"
+    return backup.is_dir() and any(p.is_file() for p in backup.rglob("*"))
+
+
+def count_attempts(out: Path) -> int:
+    log = out / ATTEMPTS_LOG
+    return len(log.read_text().splitlines()) if log.exists() else 0

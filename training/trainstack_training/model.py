@@ -13,12 +13,14 @@ def build_model(n_features: int, n_classes: int, learning_rate: float) -> Any:
     """
     import tensorflow as tf
 
-    model = tf.keras.Sequential([
-        tf.keras.layers.Input(shape=(n_features,)),
-        tf.keras.layers.Dense(128, activation="relu"),
-        tf.keras.layers.Dropout(0.2),
-        tf.keras.layers.Dense(n_classes),
-    ])
+    model = tf.keras.Sequential(
+        [
+            tf.keras.layers.Input(shape=(n_features,)),
+            tf.keras.layers.Dense(128, activation="relu"),
+            tf.keras.layers.Dropout(0.2),
+            tf.keras.layers.Dense(n_classes),
+        ]
+    )
     model.compile(
         optimizer=tf.keras.optimizers.Adam(learning_rate=learning_rate),
         loss=tf.keras.losses.SparseCategoricalCrossentropy(from_logits=True),

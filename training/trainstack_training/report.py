@@ -8,11 +8,11 @@ from typing import Any
 
 from trainstack_training.config import TrainConfig
 from trainstack_training.data import DataInfo
-from trainstack_training.launcher import ATTEMPTS_LOG
+from trainstack_training.launcher import count_attempts
 from trainstack_training.train import EPOCH_LOG
 
 METRICS_FILE = "metrics.json"
-PLOT_FILE = "training.png"
+PLOT_FILE = "curves.png"  # the name the Pulumi training component copies back
 
 
 def read_epoch_log(out: Path) -> list[dict[str, Any]]:
@@ -27,11 +27,16 @@ def read_epoch_log(out: Path) -> list[dict[str, Any]]:
     return [rows[k] for k in sorted(rows)]
 
 
-def build_metrics(cfg: TrainConfig, info: DataInfo, results: list[dict[str, Any]], out: Path,
-                  train_wall: float, total_wall: float) -> dict[str, Any]:
+def build_metrics(
+    cfg: TrainConfig,
+    info: DataInfo,
+    results: list[dict[str, Any]],
+    out: Path,
+    train_wall: float,
+    total_wall: float,
+) -> dict[str, Any]:
     epochs = read_epoch_log(out)
-    attempts_path = out / ATTEMPTS_LOG
-    attempts = len(attempts_path.read_text().splitlines()) if attempts_path.exists() else 1
+    attempts = max(1, count_attempts(out))
     train_secs = sum(float(e["train_seconds"]) for e in epochs)
     samples = sum(int(e["samples"]) for e in epochs)
     chief = results[0] if results else {}
@@ -90,7 +95,10 @@ def write_plot(metrics: dict[str, Any], path: Path) -> None:
     ax_acc.plot(epochs, metrics["accuracy"], marker="o", label="train")
     ax_acc.plot(epochs, metrics["val_accuracy"], marker="o", label="validation")
     ax_acc.set(title="accuracy", xlabel="epoch")
+    from matplotlib.ticker import MaxNLocator
+
     for ax in (ax_loss, ax_acc):
+        ax.xaxis.set_major_locator(MaxNLocator(integer=True))
         ax.legend()
         ax.grid(alpha=0.3)
     fig.suptitle(f"trainstack: {metrics['workers']} worker(s), {metrics['attempts']} attempt(s)")
@@ -101,7 +109,18 @@ def write_plot(metrics: dict[str, Any], path: Path) -> None:
 
 def summary(metrics: dict[str, Any]) -> dict[str, Any]:
     """The CLI's last line: the numbers a caller needs, without the per-epoch series."""
-    keys = ("final_val_accuracy", "epochs", "workers", "attempts", "samples_per_second",
-            "data_seconds", "train_seconds", "total_seconds", "model_path", "metrics_path",
-            "plot_path")
-    return {k: metrics[k] for k in keys}
+    keys = (
+        "final_val_accuracy",
+        "epochs",
+        "workers",
+        "attempts",
+        "samples_per_second",
+        "data_seconds",
+        "train_seconds",
+        "total_seconds",
+        "model_path",
+        "metrics_path",
+        "plot_path",
+    )
+    # "accuracy" is the final validation accuracy (the number callers compare runs by).
+    return {"accuracy": metrics["final_val_accuracy"], **{k: metrics[k] for k in keys}}

@@ -34,7 +34,7 @@ class WorkerResult:
     epochs_run: int  # epochs this attempt ran (fewer than cfg.epochs after a resume)
     train_seconds: float  # time spent in training steps (validation excluded)
     fit_seconds: float
-    samples: int  # training samples this worker's replica processed... x workers = global
+    samples: int  # samples this worker processed this attempt (global = x workers)
     peak_rss_mb: float
     model_path: str = ""
     history: dict[str, list[float]] = field(default_factory=dict)
@@ -45,8 +45,10 @@ def configure_environment(tf_config: dict[str, Any] | None, cores: int) -> None:
     if "tensorflow" in sys.modules:
         # TF reads TF_CONFIG and builds its collective runtime once per process; a reused
         # process would silently keep the old cluster (hence spark.python.worker.reuse=false).
-        raise RuntimeError("TensorFlow is already imported in this process; TF_CONFIG would "
-                           "be ignored (is spark.python.worker.reuse on?)")
+        raise RuntimeError(
+            "TensorFlow is already imported in this process; TF_CONFIG would "
+            "be ignored (is spark.python.worker.reuse on?)"
+        )
     os.environ["TF_USE_LEGACY_KERAS"] = "1"
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
     for var in ("OMP_NUM_THREADS", "TF_NUM_INTRAOP_THREADS", "TF_NUM_INTEROP_THREADS"):
@@ -55,6 +57,26 @@ def configure_environment(tf_config: dict[str, Any] | None, cores: int) -> None:
         os.environ["TF_CONFIG"] = json.dumps(tf_config)
     else:
         os.environ.pop("TF_CONFIG", None)
+
+
+def import_tensorflow(cores: int) -> Any:
+    """Import TensorFlow (after configure_environment) with its thread pools sized to the
+    cores Spark gave this task."""
+    import tensorflow as tf
+
+    tf.config.threading.set_intra_op_parallelism_threads(cores)
+    tf.config.threading.set_inter_op_parallelism_threads(cores)
+    return tf
+
+
+def pin_to_cores(task_index: int, cores: int) -> list[int]:
+    """Restrict this process to `cores` CPUs of its own. Call before TensorFlow starts its
+    threads: they inherit the affinity of the thread that creates them."""
+    allowed = sorted(os.sched_getaffinity(0))
+    start = task_index * cores
+    mine = {allowed[(start + i) % len(allowed)] for i in range(cores)}
+    os.sched_setaffinity(0, mine)
+    return sorted(mine)
 
 
 def peak_rss_mb() -> float:
@@ -81,12 +103,11 @@ def run_worker(
 ) -> WorkerResult:
     """Train on this worker's shard with MultiWorkerMirroredStrategy; the chief saves."""
     configure_environment(tf_config, cores)
-    import tensorflow as tf
-
+    if cfg.pin_cores:
+        pin_to_cores(task_index, cores)
+    tf = import_tensorflow(cores)
     from trainstack_training.model import build_model
 
-    tf.config.threading.set_intra_op_parallelism_threads(cores)
-    tf.config.threading.set_inter_op_parallelism_threads(cores)
     tf.keras.utils.set_random_seed(cfg.seed)  # same initial weights on every worker
 
     out = Path(cfg.output).resolve()
@@ -105,8 +126,7 @@ def run_worker(
     def no_autoshard(ds: Any) -> Any:
         # Spark already split the data: each worker must keep its whole shard.
         options = tf.data.Options()
-        options.experimental_distribute.auto_shard_policy = (
-            tf.data.experimental.AutoShardPolicy.OFF)
+        options.experimental_distribute.auto_shard_policy = tf.data.experimental.AutoShardPolicy.OFF
         return ds.with_options(options)
 
     def train_fn(ctx: Any) -> Any:
@@ -137,9 +157,15 @@ def run_worker(
         callbacks.append(fault_injector(cfg.fault_kill_epoch, steps_per_epoch, out))
 
     fit_start = time.perf_counter()
-    history = model.fit(train_ds, epochs=cfg.epochs, steps_per_epoch=steps_per_epoch,
-                        validation_data=val_ds, validation_steps=val_steps,
-                        callbacks=callbacks, verbose=0)
+    history = model.fit(
+        train_ds,
+        epochs=cfg.epochs,
+        steps_per_epoch=steps_per_epoch,
+        validation_data=val_ds,
+        validation_steps=val_steps,
+        callbacks=callbacks,
+        verbose=0,
+    )
     fit_seconds = time.perf_counter() - fit_start
 
     # Every worker saves (saving may need all of them); only the chief's copy is kept.
@@ -154,9 +180,14 @@ def run_worker(
             shutil.rmtree(tmp, ignore_errors=True)
         model_path = ""
     return WorkerResult(
-        task_index=task_index, attempt=attempt, host=host, epochs_run=timer.epochs,
-        train_seconds=timer.total, fit_seconds=fit_seconds,
-        samples=timer.epochs * steps_per_epoch * cfg.batch_size, peak_rss_mb=peak_rss_mb(),
+        task_index=task_index,
+        attempt=attempt,
+        host=host,
+        epochs_run=timer.epochs,
+        train_seconds=timer.total,
+        fit_seconds=fit_seconds,
+        samples=timer.epochs * steps_per_epoch * cfg.batch_size,
+        peak_rss_mb=peak_rss_mb(),
         model_path=model_path,
         history={k: [float(v) for v in vs] for k, vs in history.history.items()},
     )
@@ -188,8 +219,9 @@ def _callback_classes(tf: Any) -> tuple[Any, Any, Any]:
         """The chief appends each epoch's metrics to a JSON-lines file on shared storage, so
         the curves survive a restart (a resumed fit's History only has the later epochs)."""
 
-        def __init__(self, path: Path, enabled: bool, attempt: int, timer: Any,
-                     samples: int) -> None:
+        def __init__(
+            self, path: Path, enabled: bool, attempt: int, timer: Any, samples: int
+        ) -> None:
             super().__init__()
             self.path, self.enabled, self.attempt = path, enabled, attempt
             self.timer, self.samples = timer, samples
@@ -197,8 +229,12 @@ def _callback_classes(tf: Any) -> tuple[Any, Any, Any]:
         def on_epoch_end(self, epoch: int, logs: Any = None) -> None:
             if not self.enabled:
                 return
-            row = {"epoch": epoch + 1, "attempt": self.attempt,
-                   "train_seconds": self.timer.last, "samples": self.samples}
+            row = {
+                "epoch": epoch + 1,
+                "attempt": self.attempt,
+                "train_seconds": self.timer.last,
+                "samples": self.samples,
+            }
             row.update({k: float(v) for k, v in (logs or {}).items()})
             with self.path.open("a") as fh:
                 fh.write(json.dumps(row) + "\n")

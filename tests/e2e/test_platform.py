@@ -1,0 +1,111 @@
+"""The product, end to end: `pulumi up` from nothing to a trained model, then destroy.
+
+One stack of the default topology (3 control nodes, 2 masters, 2 workers) goes through
+the whole life cycle; the tests run in order on it.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.pulumi_cli import ROOT, Stack, engine_objects
+
+pytestmark = pytest.mark.e2e
+
+CONFIG = {
+    "uiPortBase": "0",
+    "workerCpus": "0.8",
+    "controlCpus": "0.3",
+    "trainEpochs": "8",
+    # Fixed, so scaling the servers does not launch a new run.
+    "trainWorkers": "2",
+}
+
+
+@pytest.fixture(scope="module")
+def platform(tmp_path_factory, engine):
+    stack = Stack(tmp_path_factory.mktemp("e2e"), prefix="tse2e")
+    stack.init(**CONFIG)
+    first = stack.up()
+    yield stack, first
+    stack.destroy_and_remove()
+
+
+def test_up_from_nothing_ends_with_a_trained_model(platform):
+    stack, first = platform
+    result = stack.outputs()["training"]
+    assert result["ok"] is True
+    assert result["final_val_accuracy"] >= 0.90
+    assert result["workers"] == 2
+    assert result["epochs"] == 8
+    for name in ("model.keras", "metrics.json"):
+        assert (Path(result["host_dir"]) / name).stat().st_size > 0
+    # Ansible's progress and the job's output showed up in Pulumi's output as they ran.
+    assert "Ensure" in first.stdout
+    assert "launching on" in first.stdout
+
+
+def test_outputs_list_masters_uis_and_nodes(platform):
+    stack, _ = platform
+    outputs = stack.outputs()
+    assert outputs["sparkMasterUrl"] == "spark://control-1:7077,control-2:7077"
+    assert set(outputs["sparkUiUrls"]) == {"control-1", "control-2"}
+    assert [n["name"] for n in outputs["nodes"]][-1] == "worker-2"
+
+
+def test_hosts_pass_testinfra_against_the_stack_inventory(platform, tmp_path):
+    stack, _ = platform
+    inventory = tmp_path / "inventory.json"
+    inventory.write_text(json.dumps(stack.outputs()["inventory"]))
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pytest",
+            "-p",
+            "no:cacheprovider",
+            "tests/hosts",
+            "--hosts=ansible://all",
+            f"--ansible-inventory={inventory}",
+        ],
+        cwd=ROOT,
+        env=stack.env,
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert proc.returncode == 0, proc.stdout[-6000:] + proc.stderr[-2000:]
+    assert " passed" in proc.stdout
+
+
+def test_second_up_changes_nothing_and_launches_no_training(platform):
+    stack, _ = platform
+    stack.run("preview", "--expect-no-changes")
+    second = stack.up()
+    assert "launching on" not in second.stdout
+
+
+def test_scaling_workers_adds_a_provisioned_node_without_retraining(platform, engine):
+    stack, _ = platform
+    run_before = stack.outputs()["training"]["run_id"]
+    stack.set_config(workers="3")
+    scaled = stack.up()
+    assert f"{stack.label}-worker-3" in engine_objects(stack.label)["containers"]
+    assert "launching on" not in scaled.stdout
+    assert stack.outputs()["training"]["run_id"] == run_before
+    worker = engine.containers.get(f"{stack.label}-worker-3")
+    code, out = worker.exec_run(
+        ["/opt/trainstack/venv/bin/python", "-c", "import trainstack_training"]
+    )
+    assert code == 0, out
+
+
+def test_destroy_leaves_nothing_of_the_stack(platform):
+    stack, _ = platform
+    stack.run("destroy", "--yes")
+    assert engine_objects(stack.label) == {"containers": [], "networks": [], "volumes": []}
