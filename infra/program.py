@@ -45,8 +45,16 @@ def main() -> None:
 
     stack = pulumi.get_stack()
     artifacts = ROOT / ".artifacts" / stack
+    wheelhouse = Path(config.wheelhouse).expanduser()
+    wheelhouse = wheelhouse if wheelhouse.is_absolute() else ROOT / wheelhouse
     cluster = Cluster(
-        "cluster", ClusterArgs(config=config, project=pulumi.get_project(), stack=stack)
+        "cluster",
+        ClusterArgs(
+            config=config,
+            project=pulumi.get_project(),
+            stack=stack,
+            wheelhouse_dir=str(wheelhouse) if config.provision else None,
+        ),
     )
     pulumi.export("sparkMasterUrl", cluster.spark_master_url)
     pulumi.export("sparkUiUrls", cluster.ui_urls)
@@ -56,13 +64,12 @@ def main() -> None:
     if not config.provision:
         return
 
-    wheelhouse = Path(config.wheelhouse).expanduser()
     provisioning = Provisioning(
         "provisioning",
         ProvisioningArgs(
             inventory=cluster.inventory,
             spark_auth_secret=cluster.spark_auth_secret,
-            wheelhouse=str(wheelhouse if wheelhouse.is_absolute() else ROOT / wheelhouse),
+            wheelhouse=str(wheelhouse),
             artifacts_dir=str(artifacts / "ansible"),
         ),
         opts=pulumi.ResourceOptions(depends_on=[cluster]),

@@ -22,6 +22,7 @@ SHARED_MOUNTS = {
 }
 ZOOKEEPER_MOUNT = "/var/lib/trainstack/zookeeper"
 SPARK_RECOVERY_MOUNT = "/var/lib/trainstack/spark-recovery"
+WHEELHOUSE_MOUNT = "/mnt/trainstack/wheelhouse"
 
 LABEL_PROJECT = "org.trainstack.project"
 LABEL_STACK = "org.trainstack.stack"
@@ -105,6 +106,7 @@ def inventory(
     prefix: str,
     nodes: list[NodeSpec],
     addresses: dict[str, str] | None = None,
+    wheelhouse_mounted: bool = False,
 ) -> dict:
     """An Ansible YAML inventory (as a dict) for the local stack's containers.
 
@@ -137,15 +139,14 @@ def inventory(
         groups[node.group]["hosts"][node.key] = host
         for role in node.roles:
             groups[role]["hosts"][node.key] = {}
-    return {
-        "all": {
-            "vars": {
-                "ansible_connection": "community.docker.docker",
-                "ansible_python_interpreter": "/usr/bin/python3",
-                "trainstack_stack": prefix,
-                "trainstack_spark_master_url": master_url(nodes),
-                "trainstack_zookeeper_connect": zookeeper_connect(nodes),
-            },
-            "children": groups,
-        }
+    all_vars: dict = {
+        "ansible_connection": "community.docker.docker",
+        "ansible_python_interpreter": "/usr/bin/python3",
+        "trainstack_stack": prefix,
+        "trainstack_spark_master_url": master_url(nodes),
+        "trainstack_zookeeper_connect": zookeeper_connect(nodes),
     }
+    if wheelhouse_mounted:
+        # The roles install from this read-only mount instead of copying the wheels.
+        all_vars["trainstack_wheelhouse_mount"] = WHEELHOUSE_MOUNT
+    return {"all": {"vars": all_vars, "children": groups}}

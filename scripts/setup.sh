@@ -232,7 +232,7 @@ step_python_env() {
   if [ -f training/pyproject.toml ]; then
     log_cmd "$VENV/bin/pip" install -q -c constraints.txt -e training/
     # tf-keras' metadata drags in the full `tensorflow` over `tensorflow-cpu`.
-    log_cmd "$VENV/bin/pip" install -q --no-deps "tf-keras==$(grep -i '^tf-keras==' constraints.txt | cut -d= -f3)"
+    log_cmd "$VENV/bin/pip" install -q --no-deps "tf-keras==$(grep -iE '^tf[-_]keras==' constraints.txt | cut -d= -f3)"
   fi
   echo "$stamp" >"$VENV/.trainstack-stamp"
   echo "virtual environment $VENV ready ($("$VENV/bin/python" --version))"

@@ -18,6 +18,9 @@ class ClusterArgs:
     config: StackConfig
     project: str
     stack: str
+    # The control machine's wheelhouse, mounted read-only into every node so the roles
+    # install from it without copying hundreds of MB per node.
+    wheelhouse_dir: str | None = None
 
 
 class Cluster(pulumi.ComponentResource):
@@ -67,6 +70,11 @@ class Cluster(pulumi.ComponentResource):
                     labels=labels,
                     bind_address=config.bind_address,
                     shared_mounts=shared,
+                    host_mounts=(
+                        {args.wheelhouse_dir: topology.WHEELHOUSE_MOUNT}
+                        if args.wheelhouse_dir
+                        else {}
+                    ),
                     retain_data=config.retain_data,
                 ),
                 opts=pulumi.ResourceOptions(parent=self, depends_on=[network]),
@@ -98,7 +106,9 @@ class Cluster(pulumi.ComponentResource):
             ]
         )
         self.inventory = addresses.apply(
-            lambda a: topology.inventory(config, prefix, plan, addresses=a)
+            lambda a: topology.inventory(
+                config, prefix, plan, addresses=a, wheelhouse_mounted=bool(args.wheelhouse_dir)
+            )
         )
         self.register_outputs(
             {

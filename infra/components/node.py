@@ -15,6 +15,16 @@ from infra.topology import (
     NodeSpec,
 )
 
+# The container's main process. Containers have no init system: once provisioning has
+# installed supervisord (which keeps every daemon up), this loop keeps supervisord itself
+# up, also after the container restarts (restart policy) or the engine does.
+KEEP_SUPERVISOR = (
+    "while :; do if [ -x /etc/init.d/supervisor ]; then "
+    "/etc/init.d/supervisor status >/dev/null 2>&1 "
+    "|| /etc/init.d/supervisor start >/dev/null 2>&1; "
+    "fi; sleep 10; done"
+)
+
 
 @dataclass
 class NodeArgs:
@@ -26,6 +36,7 @@ class NodeArgs:
     labels: dict[str, str]
     bind_address: str = "127.0.0.1"
     shared_mounts: dict[str, str] = field(default_factory=dict)  # volume name -> path
+    host_mounts: dict[str, str] = field(default_factory=dict)  # host folder -> path, read-only
     retain_data: bool = False
 
 
@@ -43,6 +54,10 @@ class Node(pulumi.ComponentResource):
         spec = args.spec
         child = pulumi.ResourceOptions(parent=self)
         mounts = [VolumeMount(volume=v, target=t) for v, t in args.shared_mounts.items()]
+        mounts += [
+            VolumeMount(volume=h, target=t, read_only=True, kind="bind")
+            for h, t in args.host_mounts.items()
+        ]
         own_volumes = []
         for suffix, target in spec.volumes.items():
             volume_name = f"{args.prefix}-{suffix}"
@@ -68,6 +83,7 @@ class Node(pulumi.ComponentResource):
             hostname=spec.key,
             network=args.network_name,
             aliases=[spec.key],
+            command=["sh", "-c", KEEP_SUPERVISOR],
             labels={**args.labels, LABEL_NODE: spec.key, LABEL_ROLES: ",".join(spec.roles)},
             cpus=spec.cpus,
             memory=spec.memory,

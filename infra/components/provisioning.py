@@ -20,7 +20,15 @@ from pulumi.dynamic import CreateResult, DiffResult, Resource, ResourceProvider,
 
 ROOT = Path(__file__).resolve().parents[2]
 # What provisioning applies; a change in any of these re-runs it.
-SOURCES = ("roles", "playbooks", "ansible.cfg", "constraints.txt", "training")
+SOURCES = (
+    "roles",
+    "playbooks",
+    "ansible.cfg",
+    "constraints.txt",
+    "training",
+    "infra/provisioning",
+    "infra/components/provisioning.py",
+)
 _SKIP = {"__pycache__", ".pytest_cache", "build", "dist", ".mypy_cache", ".ruff_cache"}
 
 
@@ -38,6 +46,21 @@ def tree_digest(root: Path = ROOT, sources: tuple[str, ...] = SOURCES) -> str:
             digest.update(str(path.relative_to(root)).encode() + b"\0")
             digest.update(path.read_bytes() + b"\0")
     return digest.hexdigest()[:16]
+
+
+def integral(value: Any) -> Any:
+    """Whole floats back to ints, everywhere in `value`.
+
+    Numbers cross the engine as protobuf doubles, so an inventory read back from Pulumi
+    has `trainstack_zookeeper_id: 1.0`, which ZooKeeper's config rejects.
+    """
+    if isinstance(value, float) and value.is_integer():
+        return int(value)
+    if isinstance(value, dict):
+        return {k: integral(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [integral(v) for v in value]
+    return value
 
 
 class _PlaybookProvider(ResourceProvider):
@@ -58,7 +81,7 @@ class _PlaybookProvider(ResourceProvider):
             "trainstack_spark_auth_secret": props["spark_auth_secret"],
         }
         result = run_playbook(
-            props["inventory"],
+            integral(props["inventory"]),
             props["playbook"],
             extravars=extravars,
             on_event=show,

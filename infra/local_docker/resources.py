@@ -195,9 +195,12 @@ class PortBinding:
 
 @dataclass
 class VolumeMount:
+    """A named volume (`kind="volume"`) or a host folder (`kind="bind"`) at `target`."""
+
     volume: str
     target: str
     read_only: bool = False
+    kind: str = "volume"
 
 
 @dataclass
@@ -269,7 +272,12 @@ class _ContainerProvider(ResourceProvider):
                 )
             ports[f"{p['internal']}/tcp"] = (p["host_ip"], p["external"] or None)
         mounts = [
-            Mount(m["target"], m["volume"], type="volume", read_only=bool(m["read_only"]))
+            Mount(
+                m["target"],
+                m["volume"],
+                type=m.get("kind") or "volume",
+                read_only=bool(m["read_only"]),
+            )
             for m in props.get("mounts") or []
         ]
         try:

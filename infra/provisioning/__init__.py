@@ -1,7 +1,14 @@
 """Provisioning of trainstack nodes with Ansible (roles/, playbooks/) through ansible-runner."""
 
 from .inventory import Node, build_inventory, default_topology, generate_secret
-from .runner import Failure, ProvisionResult, ProvisioningError, TaskEvent, print_event, run_playbook
+from .runner import (
+    Failure,
+    ProvisioningError,
+    ProvisionResult,
+    TaskEvent,
+    print_event,
+    run_playbook,
+)
 from .wheelhouse import build_node_wheelhouse, build_training_wheel, build_wheelhouse
 
 __all__ = [

@@ -73,13 +73,16 @@ def build_inventory(
     zk_ids = [n.zookeeper_id for n in nodes if "zookeeper" in n.groups]
     if any(i is None for i in zk_ids) or len(set(zk_ids)) != len(zk_ids):
         raise ValueError(f"every zookeeper node needs a unique zookeeper_id, got {zk_ids}")
-    vars_: dict[str, Any] = {"trainstack_stack": stack, "trainstack_wheelhouse_dir": str(wheelhouse_dir)}
+    vars_: dict[str, Any] = {
+        "trainstack_stack": stack,
+        "trainstack_wheelhouse_dir": str(wheelhouse_dir),
+    }
     if spark_auth_secret is not None:
         vars_["trainstack_spark_auth_secret"] = spark_auth_secret
     vars_.update(all_vars or {})
     children: dict[str, Any] = {}
     for group in GROUPS:
-        members = {n.name: {} for n in nodes if group in n.groups}
+        members: dict[str, Any] = {n.name: {} for n in nodes if group in n.groups}
         children[group] = {"hosts": members}
     return {
         "all": {
@@ -90,7 +93,9 @@ def build_inventory(
     }
 
 
-def default_topology(prefix: str, *, worker_cores: int = 1, worker_memory: str = "1g") -> list[Node]:
+def default_topology(
+    prefix: str, *, worker_cores: int = 1, worker_memory: str = "1g"
+) -> list[Node]:
     """The default platform: 3 control nodes (ZooKeeper; the first 2 also Spark masters) and
     2 worker nodes (Spark worker + TensorFlow). Containers are named ``{prefix}-control-N`` /
     ``{prefix}-worker-N``."""

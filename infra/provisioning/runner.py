@@ -12,6 +12,7 @@ never appear on a command line, in the inventory file or in the events streamed 
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import sys
@@ -83,10 +84,12 @@ class ProvisionResult:
         return {host: s.get("changed", 0) for host, s in self.stats.items()}
 
     def summary(self) -> str:
-        lines = [f"provisioning {self.status} in {self.duration_s:.0f}s (artifacts: {self.artifacts_dir})"]
+        lines = [f"provisioning {self.status} in {self.duration_s:.0f}s"]
+        lines[0] += f" (artifacts: {self.artifacts_dir})"
         for host, s in sorted(self.stats.items()):
             lines.append(
-                f"  {host}: ok={s.get('ok', 0)} changed={s.get('changed', 0)} failed={s.get('failures', 0)} "
+                f"  {host}: ok={s.get('ok', 0)} changed={s.get('changed', 0)} "
+                f"failed={s.get('failures', 0)} "
                 f"unreachable={s.get('unreachable', 0)} skipped={s.get('skipped', 0)}"
             )
         lines.extend(f"  FAILED {f}" for f in self.failures)
@@ -151,7 +154,9 @@ def _write_private(path: Path, payload: Any) -> None:
     os.chmod(path, 0o600)
 
 
-def _normalize_stats(raw: dict[str, dict[str, int]] | None, hosts: list[str]) -> dict[str, dict[str, int]]:
+def _normalize_stats(
+    raw: dict[str, dict[str, int]] | None, hosts: list[str]
+) -> dict[str, dict[str, int]]:
     stats: dict[str, dict[str, int]] = {h: {} for h in hosts}
     for key, per_host in (raw or {}).items():
         name = "unreachable" if key == "dark" else key
@@ -167,7 +172,7 @@ def _all_hosts(inventory: dict[str, Any]) -> list[str]:
     hosts: list[str] = []
 
     def walk(group: dict[str, Any]) -> None:
-        for h in (group.get("hosts") or {}):
+        for h in group.get("hosts") or {}:
             if h not in hosts:
                 hosts.append(h)
         for child in (group.get("children") or {}).values():
@@ -267,11 +272,11 @@ def run_playbook(
     ok = runner.status == "successful" and runner.rc == 0 and not failures
     if not ok and not failures:
         tail = ""
-        try:
+        with contextlib.suppress(Exception):  # stdout may be missing when ansible never started
             tail = "\n".join(runner.stdout.read().splitlines()[-20:])
-        except Exception:  # pragma: no cover - stdout may be missing when ansible never started
-            pass
-        failures.append(Failure("-", "-", f"ansible-runner status {runner.status} rc={runner.rc}: {tail}"))
+        failures.append(
+            Failure("-", "-", f"ansible-runner status {runner.status} rc={runner.rc}: {tail}")
+        )
     return ProvisionResult(
         ok=ok,
         status=runner.status,

@@ -121,7 +121,9 @@ def _tree_key(root: Path) -> str:
     digest = hashlib.sha256()
     for path in sorted(root.rglob("*")):
         rel = path.relative_to(root)
-        if not path.is_file() or any(p in {"build", "dist", "__pycache__"} or p.endswith(".egg-info") for p in rel.parts):
+        if not path.is_file() or any(
+            p in {"build", "dist", "__pycache__"} or p.endswith(".egg-info") for p in rel.parts
+        ):
             continue
         digest.update(str(rel).encode() + b"\0" + path.read_bytes() + b"\0")
     return digest.hexdigest()
@@ -138,14 +140,19 @@ def build_training_wheel(dest: Path, source: Path = TRAINING_DIR) -> Path:
     tmp = dest.with_name(dest.name + ".partial")
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir(parents=True)
-    _pip(["wheel", "--no-deps", "--no-build-isolation", "-w", str(tmp), str(source)], "training wheel")
+    _pip(
+        ["wheel", "--no-deps", "--no-build-isolation", "-w", str(tmp), str(source)],
+        "training wheel",
+    )
     (tmp / KEY_FILE).write_text(key + "\n")
     shutil.rmtree(dest, ignore_errors=True)
     os.replace(tmp, dest)
     return dest
 
 
-def build_node_wheelhouse(root: Path, training_dir: Path = TRAINING_DIR, with_training: bool = True) -> Path:
+def build_node_wheelhouse(
+    root: Path, training_dir: Path = TRAINING_DIR, with_training: bool = True
+) -> Path:
     """Build every set the roles expect under ``root`` (see module docstring); returns ``root``."""
     root = Path(root)
     root.mkdir(parents=True, exist_ok=True)
@@ -156,5 +163,7 @@ def build_node_wheelhouse(root: Path, training_dir: Path = TRAINING_DIR, with_tr
     return root
 
 
-if __name__ == "__main__":  # pragma: no cover - manual use: python -m infra.provisioning.wheelhouse DIR
+if (
+    __name__ == "__main__"
+):  # pragma: no cover - manual use: python -m infra.provisioning.wheelhouse DIR
     print(build_node_wheelhouse(Path(sys.argv[1] if len(sys.argv) > 1 else ".wheelhouse")))

@@ -8,6 +8,7 @@ friends from Debian's mirror once per machine, without two apt processes sharing
 
 from __future__ import annotations
 
+import contextlib
 import os
 import time
 from dataclasses import dataclass, field
@@ -22,7 +23,7 @@ BASE_IMAGE = os.environ.get("TRAINSTACK_BASE_IMAGE", "debian:bookworm")
 CACHE = Path(os.environ.get("TRAINSTACK_CACHE", Path.home() / ".cache" / "trainstack"))
 APT_POOL = CACHE / "apt" / "pool"
 LABEL = "trainstack.test"
-# Memory per container: 3 x 1 GiB control + 2 x 2.5 GiB workers = 8 GiB (the default topology's budget).
+# Memory per container: 3 x 1 GiB control + 2 x 2.5 GiB workers = 8 GiB (the topology's budget).
 MEM = {"control": "1g", "worker": "2560m"}
 
 
@@ -31,10 +32,8 @@ def _link_tree(src: Path, dst: Path) -> None:
     for deb in src.glob("*.deb"):
         target = dst / deb.name
         if not target.exists():
-            try:
+            with contextlib.suppress(OSError):
                 os.link(deb, target)
-            except OSError:
-                pass
 
 
 @dataclass
@@ -47,7 +46,10 @@ class Cluster:
 
     def inventory(self, wheelhouse_dir: Path, **all_vars) -> dict:
         return build_inventory(
-            self.nodes, stack=self.name, wheelhouse_dir=str(wheelhouse_dir), spark_auth_secret=self.secret,
+            self.nodes,
+            stack=self.name,
+            wheelhouse_dir=str(wheelhouse_dir),
+            spark_auth_secret=self.secret,
             all_vars=all_vars,
         )
 
@@ -56,12 +58,14 @@ def client() -> docker.DockerClient:
     try:
         c = docker.from_env()
         c.ping()
-    except Exception as exc:  # noqa: BLE001
+    except Exception as exc:
         raise RuntimeError(f"Docker engine not reachable ({exc}); start dockerd first") from exc
     try:
         c.images.get(BASE_IMAGE)
     except docker.errors.ImageNotFound as exc:
-        raise RuntimeError(f"base image {BASE_IMAGE} is missing locally (docker pull cannot work here)") from exc
+        raise RuntimeError(
+            f"base image {BASE_IMAGE} is missing locally (docker pull cannot work here)"
+        ) from exc
     return c
 
 

@@ -100,3 +100,12 @@ def test_content_hash_follows_the_roles(tmp_path):
     (tmp_path / "roles" / "r" / "__pycache__").mkdir()
     (tmp_path / "roles" / "r" / "__pycache__" / "x.pyc").write_bytes(b"1")
     assert tree_digest(tmp_path, ("roles",)) == second
+
+
+def test_inventory_numbers_are_ints_again_after_the_engine():
+    from infra.components.provisioning import integral
+
+    raw = {"all": {"hosts": {"c": {"trainstack_zookeeper_id": 1.0, "cpus": 0.5}}, "l": [2.0]}}
+    assert integral(raw) == {
+        "all": {"hosts": {"c": {"trainstack_zookeeper_id": 1, "cpus": 0.5}}, "l": [2]}
+    }

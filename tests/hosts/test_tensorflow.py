@@ -1,0 +1,34 @@
+import pytest
+from conftest import VENV
+
+pytestmark = pytest.mark.hosts
+
+TENSORFLOW_VERSION = "2.21.0"
+
+
+@pytest.mark.group("tensorflow")
+def test_tensorflow_importable_at_pinned_version(host):
+    out = host.check_output(
+        f"TF_CPP_MIN_LOG_LEVEL=3 {VENV}/bin/python"
+        " -c 'import tensorflow as tf; print(tf.__version__)' 2>/dev/null"
+    )
+    assert out.strip().splitlines()[-1] == TENSORFLOW_VERSION
+
+
+@pytest.mark.group("tensorflow")
+def test_training_package_installed(host):
+    assert host.run(f"{VENV}/bin/python -c 'import trainstack_training'").rc == 0
+    assert host.run(f"{VENV}/bin/pip show trainstack-training").rc == 0
+
+
+@pytest.mark.group("tensorflow")
+def test_training_console_script_present(host):
+    assert host.file(f"{VENV}/bin/trainstack-train").exists
+
+
+@pytest.mark.group("zookeeper")
+def test_no_tensorflow_on_control_only_nodes(host):
+    hv = host.ansible.get_variables()
+    if "tensorflow" in hv.get("group_names", []):
+        return
+    assert host.run(f"{VENV}/bin/python -c 'import tensorflow'").rc != 0

@@ -1,0 +1,85 @@
+"""Bad input names the host, the task and the cause; a re-run after the fix converges."""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+
+pytestmark = pytest.mark.provisioning
+
+
+def _only_failures_on(result, host):
+    assert not result.ok
+    assert result.failures, result.summary()
+    assert {f.host for f in result.failures} == {host}, result.summary()
+    return result.failures[0]
+
+
+def test_unreachable_node_is_named(provisioned):
+    inventory = copy.deepcopy(provisioned.inventory)
+    inventory["all"]["hosts"]["ghost"] = {
+        "ansible_connection": "community.docker.docker",
+        "ansible_host": f"{provisioned.cluster.name}-no-such-container",
+    }
+    inventory["all"]["children"]["workers"]["hosts"]["ghost"] = {}
+    result = provisioned.run(inventory=inventory, limit="ghost")
+    failure = _only_failures_on(result, "ghost")
+    assert failure.task == "Ensure python3 is installed (raw, before facts can be gathered)."
+    # Over SSH this is "unreachable"; the Docker connection reports the engine's answer as a
+    # failure of the first task. Either way the host, the task and the cause are named.
+    assert failure.unreachable or "No such container" in failure.message, failure
+    assert "no-such-container" in failure.message, failure
+
+
+def test_failed_package_install_is_named_then_rerun_converges(provisioned):
+    host = "control-3"
+    bad = provisioned.run(
+        limit=host, extravars={"common_extra_packages": ["trainstack-no-such-package"]}
+    )
+    failure = _only_failures_on(bad, host)
+    assert failure.task == "Ensure base OS packages are installed."
+    assert "trainstack-no-such-package" in failure.message
+    fixed = provisioned.run(limit=host)
+    assert fixed.ok, fixed.summary()
+    assert fixed.changed() == {host: 0}
+
+
+def test_missing_wheel_is_named_then_rerun_converges(provisioned):
+    host = "control-3"
+    bad = provisioned.run(limit=host, extravars={"spark_pyspark_version": "9.9.9"})
+    failure = _only_failures_on(bad, host)
+    assert failure.task == "Ensure pyspark is installed in the virtual environment."
+    assert "pyspark==9.9.9" in failure.message
+    fixed = provisioned.run(limit=host)
+    assert fixed.ok, fixed.summary()
+    assert fixed.changed() == {host: 0}
+
+
+def _worker_pid(provisioned, host):
+    import re
+
+    import docker
+
+    container = docker.from_env().containers.get(provisioned.cluster.containers[host])
+    out = container.exec_run(["supervisorctl", "status", "spark-worker"]).output.decode()
+    m = re.search(r"RUNNING\s+pid (\d+)", out)
+    return int(m.group(1)) if m else None
+
+
+def test_config_change_restarts_spark_daemon_then_converges(provisioned):
+    host = "worker-2"
+    before = _worker_pid(provisioned, host)
+    changed = provisioned.run(
+        limit=host, extravars={"spark_extra_conf": {"spark.ui.showConsoleProgress": "false"}}
+    )
+    assert changed.ok, changed.summary()
+    assert changed.changed()[host] >= 2  # spark-defaults.conf + the handler's restart
+    after = _worker_pid(provisioned, host)
+    assert after and after != before, (
+        "spark-worker was not restarted after its configuration changed"
+    )
+    restored = provisioned.run(limit=host)
+    assert restored.ok, restored.summary()
+    again = provisioned.run(limit=host)
+    assert again.ok and again.changed() == {host: 0}, again.summary()

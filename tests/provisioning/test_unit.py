@@ -1,0 +1,192 @@
+"""Fast checks without containers: syntax, lint, role variable docs, pins, inventory, events."""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+from infra.provisioning import inventory as inv
+from infra.provisioning import runner, wheelhouse
+
+REPO = Path(__file__).resolve().parents[2]
+VENV_BIN = Path(sys.executable).parent
+ROLES = sorted(p.name for p in (REPO / "roles").iterdir() if p.is_dir())
+PLAYBOOKS = sorted(p.name for p in (REPO / "playbooks").glob("*.yml"))
+pytestmark = pytest.mark.unit
+
+
+def _run(cmd: list[str]) -> subprocess.CompletedProcess:
+    env = dict(
+        os.environ,
+        PATH=f"{VENV_BIN}{os.pathsep}{os.environ.get('PATH', '')}",
+        ANSIBLE_CONFIG=str(REPO / "ansible.cfg"),
+    )
+    return subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, env=env, check=False)
+
+
+def _defaults(role: str) -> dict:
+    path = REPO / "roles" / role / "defaults" / "main.yml"
+    return yaml.safe_load(path.read_text()) or {} if path.exists() else {}
+
+
+@pytest.mark.parametrize("playbook", PLAYBOOKS)
+def test_playbook_syntax(playbook, tmp_path):
+    inventory = tmp_path / "hosts.json"
+    inventory.write_text(
+        '{"all": {"hosts": {"n1": {}}, "children": {"zookeeper": {"hosts": {"n1": {}}}}}}'
+    )
+    proc = _run(
+        [
+            str(VENV_BIN / "ansible-playbook"),
+            "--syntax-check",
+            "-i",
+            str(inventory),
+            f"playbooks/{playbook}",
+        ]
+    )
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+
+
+def test_ansible_lint_production_profile():
+    proc = _run([str(VENV_BIN / "ansible-lint"), "--profile", "production", "playbooks", "roles"])
+    assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
+
+
+def test_yamllint_clean():
+    proc = _run(
+        [str(VENV_BIN / "yamllint"), "-s", "playbooks", "roles", ".ansible-lint", ".yamllint"]
+    )
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+
+
+@pytest.mark.parametrize("role", ROLES)
+def test_role_defaults_prefixed_and_commented(role):
+    path = REPO / "roles" / role / "defaults" / "main.yml"
+    assert path.exists(), f"{role} has no defaults/main.yml"
+    lines = path.read_text().splitlines()
+    for i, line in enumerate(lines):
+        m = re.match(r"^([a-z_][a-z0-9_]*):", line)
+        if not m:
+            continue
+        assert m.group(1).startswith(role + "_"), (
+            f"{role}: {m.group(1)} is not prefixed with {role}_"
+        )
+        before = [x for x in lines[:i] if x.strip()]
+        assert before and (before[-1].startswith("#") or re.match(rf"^{role}_", before[-1])), (
+            f"{role}: {m.group(1)} has no comment above it"
+        )
+
+
+@pytest.mark.parametrize("role", ROLES)
+def test_role_variables_documented(role):
+    doc = (REPO / "docs" / "provisioning.md").read_text()
+    missing = [name for name in _defaults(role) if f"`{name}`" not in doc]
+    assert not missing, f"undocumented in docs/provisioning.md: {missing}"
+
+
+def test_pins_agree_between_wheelhouse_and_roles():
+    assert f"pyspark=={_defaults('spark')['spark_pyspark_version']}" == wheelhouse.PYSPARK
+    assert (
+        f"tensorflow-cpu=={_defaults('tensorflow')['tensorflow_version']}" == wheelhouse.TENSORFLOW
+    )
+    assert (
+        f"tf-keras=={_defaults('tensorflow')['tensorflow_tf_keras_version']}" == wheelhouse.TF_KERAS
+    )
+
+
+def test_wheelhouse_key_depends_on_pins_only():
+    a = wheelhouse.requirements_key(["pyspark==4.0.1", "b"], ["x"])
+    assert a == wheelhouse.requirements_key(["b", "pyspark==4.0.1"], ["x"])
+    assert a != wheelhouse.requirements_key(["pyspark==4.0.2", "b"], ["x"])
+
+
+def test_wheelhouse_cache_hit_skips_pip(tmp_path, monkeypatch):
+    dest = tmp_path / "spark"
+    dest.mkdir()
+    (dest / "x-1-py3-none-any.whl").write_text("")
+    (dest / wheelhouse.KEY_FILE).write_text(wheelhouse.requirements_key(["x==1"]))
+    monkeypatch.setattr(
+        wheelhouse, "_pip", lambda *a, **k: pytest.fail("pip called on a cache hit")
+    )
+    assert wheelhouse.build_wheelhouse(dest, ["x==1"]) == dest
+
+
+def test_wheelhouse_error_names_the_set(tmp_path):
+    with pytest.raises(wheelhouse.WheelhouseError, match="wheel set spark"):
+        wheelhouse.build_wheelhouse(
+            tmp_path / "spark", ["--no-index", "trainstack-no-such-wheel==1"]
+        )
+
+
+def test_default_inventory_contract():
+    nodes = inv.default_topology("t")
+    data = inv.build_inventory(nodes, stack="dev", wheelhouse_dir="/w", spark_auth_secret="s" * 32)
+    assert inv.hosts_in_group(data, "zookeeper") == ["control-1", "control-2", "control-3"]
+    assert inv.hosts_in_group(data, "spark_master") == ["control-1", "control-2"]
+    assert inv.hosts_in_group(data, "spark_worker") == ["worker-1", "worker-2"]
+    assert inv.hosts_in_group(data, "tensorflow") == ["worker-1", "worker-2"]
+    hv = data["all"]["hosts"]["worker-1"]
+    assert hv["ansible_connection"] == "community.docker.docker"
+    assert hv["ansible_host"] == "t-worker-1"
+    assert hv["trainstack_spark_worker_memory"] == "1g"
+    assert data["all"]["hosts"]["control-2"]["trainstack_zookeeper_id"] == 2
+    assert data["all"]["vars"]["trainstack_stack"] == "dev"
+
+
+def test_inventory_rejects_duplicate_zookeeper_ids():
+    nodes = [
+        inv.Node("a", ["zookeeper"], "a", zookeeper_id=1),
+        inv.Node("b", ["zookeeper"], "b", zookeeper_id=1),
+    ]
+    with pytest.raises(ValueError, match="unique zookeeper_id"):
+        inv.build_inventory(nodes, stack="s", wheelhouse_dir="/w")
+
+
+def test_split_secrets_removes_secret_everywhere():
+    data = inv.build_inventory(
+        inv.default_topology("t"), stack="s", wheelhouse_dir="/w", spark_auth_secret="topsecret"
+    )
+    data["all"]["hosts"]["control-1"]["trainstack_spark_auth_secret"] = "topsecret"
+    clean, found = inv.split_secrets(data)
+    assert found == {"trainstack_spark_auth_secret": "topsecret"}
+    assert "topsecret" not in repr(clean)
+    assert "topsecret" in repr(data)  # the caller's dict is untouched
+
+
+def test_task_event_from_runner_events():
+    ok = runner._task_event(
+        {
+            "event": "runner_on_ok",
+            "event_data": {"host": "h", "task": "T.", "res": {"changed": True}},
+        }
+    )
+    assert (ok.host, ok.task, ok.status) == ("h", "T.", "changed")
+    failed = runner._task_event(
+        {
+            "event": "runner_on_failed",
+            "event_data": {"host": "h", "task": "T.", "res": {"msg": "boom"}},
+        }
+    )
+    assert failed.status == "failed" and failed.message == "boom"
+    unreachable = runner._task_event(
+        {
+            "event": "runner_on_unreachable",
+            "event_data": {"host": "h", "task": "T.", "res": {"msg": "no route"}},
+        }
+    )
+    assert unreachable.status == "unreachable" and "no route" in str(unreachable)
+    assert runner._task_event({"event": "playbook_on_start"}) is None
+
+
+def test_stats_normalized_per_host():
+    stats = runner._normalize_stats(
+        {"ok": {"a": 3}, "changed": {"a": 1}, "dark": {"b": 1}}, ["a", "b"]
+    )
+    assert stats["a"]["ok"] == 3 and stats["a"]["changed"] == 1 and stats["b"]["unreachable"] == 1
+    assert stats["b"]["changed"] == 0
