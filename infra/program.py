@@ -74,7 +74,9 @@ def main() -> None:
         ),
         opts=pulumi.ResourceOptions(depends_on=[cluster]),
     )
-    pulumi.export("provisioning", provisioning.stats)
+    pulumi.export(
+        "provisioning", {"hosts": provisioning.stats, "duration_s": provisioning.duration_s}
+    )
     if not config.train:
         return
 

@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
+import subprocess
 import sys
 from dataclasses import dataclass
 from pathlib import Path
@@ -17,6 +19,8 @@ from typing import Any
 
 import pulumi
 from pulumi.dynamic import CreateResult, DiffResult, Resource, ResourceProvider, UpdateResult
+
+from infra.provisioning.__main__ import SECRET_ENV
 
 ROOT = Path(__file__).resolve().parents[2]
 # What provisioning applies; a change in any of these re-runs it.
@@ -67,37 +71,55 @@ class _PlaybookProvider(ResourceProvider):
     serialize_as_secret_always = False
 
     def _run(self, props: dict[str, Any]) -> dict[str, Any]:
-        from infra.provisioning.runner import ProvisioningError, run_playbook
-        from infra.provisioning.wheelhouse import build_node_wheelhouse
-
-        def show(event: Any) -> None:
-            print(str(event), file=sys.stderr, flush=True)
-
-        wheelhouse = Path(props["wheelhouse"])
-        print(f"wheelhouse: {wheelhouse} (downloads only what is missing)", file=sys.stderr)
-        build_node_wheelhouse(wheelhouse)
-        extravars = {
-            "trainstack_wheelhouse_dir": str(wheelhouse),
-            "trainstack_spark_auth_secret": props["spark_auth_secret"],
-        }
-        result = run_playbook(
-            integral(props["inventory"]),
-            props["playbook"],
-            extravars=extravars,
-            on_event=show,
-            artifacts_dir=Path(props["artifacts_dir"]),
+        # In a child process: ansible-runner forks, and forking this gRPC-serving process
+        # can crash the child (see infra/provisioning/__main__.py).
+        artifacts = Path(props["artifacts_dir"])
+        artifacts.mkdir(parents=True, exist_ok=True)
+        inventory_file = artifacts / "stack-inventory.json"
+        inventory_file.write_text(json.dumps(integral(props["inventory"]), indent=1))
+        env = {**os.environ, SECRET_ENV: props["spark_auth_secret"], "PYTHONUNBUFFERED": "1"}
+        child = subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "infra.provisioning",
+                "--inventory",
+                str(inventory_file),
+                "--playbook",
+                props["playbook"],
+                "--wheelhouse",
+                props["wheelhouse"],
+                "--artifacts-dir",
+                str(artifacts),
+            ],
+            cwd=ROOT,
+            env=env,
+            stdout=subprocess.PIPE,
+            text=True,
         )
-        print(result.summary(), file=sys.stderr, flush=True)
-        if not result.ok:
-            raise ProvisioningError(result)
+        assert child.stdout is not None
+        lines = child.stdout.read().splitlines()  # progress goes to stderr, live
+        code = child.wait()
+        try:
+            result = json.loads(lines[-1])
+        except (IndexError, json.JSONDecodeError):
+            raise RuntimeError(
+                f"provisioning exited with {code} without a result: {' '.join(lines[-5:])}"
+            ) from None
+        if not result["ok"]:
+            raise RuntimeError(
+                "provisioning failed:\n  "
+                + "\n  ".join(result["failures"])
+                + f"\nrunner artifacts: {result['artifacts_dir']}"
+            )
         return {
             "playbook": props["playbook"],
             "inventory": props["inventory"],
             "content_hash": props["content_hash"],
             "wheelhouse": props["wheelhouse"],
             "artifacts_dir": props["artifacts_dir"],
-            "stats": result.stats,
-            "duration_s": round(result.duration_s, 1),
+            "stats": result["stats"],
+            "duration_s": result["duration_s"],
         }
 
     def create(self, props: dict[str, Any]) -> CreateResult:
@@ -139,6 +161,7 @@ class Provisioning(pulumi.ComponentResource):
     """Runs the site playbook against the cluster's inventory when its inputs change."""
 
     stats: pulumi.Output[dict]
+    duration_s: pulumi.Output[float]
 
     def __init__(
         self, name: str, args: ProvisioningArgs, opts: pulumi.ResourceOptions | None = None
@@ -160,5 +183,6 @@ class Provisioning(pulumi.ComponentResource):
             ),
         )
         self.stats = run.stats
+        self.duration_s = run.duration_s
         self.content_hash = content_hash
         self.register_outputs({"stats": self.stats, "content_hash": json.dumps(content_hash)})

@@ -25,8 +25,14 @@ from pulumi.dynamic import CreateResult, DiffResult, Resource, ResourceProvider,
 NODE_VENV = "/opt/trainstack/venv"
 MODELS_DIR = "/srv/trainstack/models"
 JOB_USER = "trainstack"
-# Spark's client config on the nodes: the multi-master URL, spark.authenticate, the secret.
-NODE_ENV = {"SPARK_CONF_DIR": "/etc/trainstack/spark", "PYTHONUNBUFFERED": "1"}
+# What a login shell on a node gets from /etc/profile.d/trainstack.sh: Spark's client config
+# (the multi-master URL, spark.authenticate and the secret) and the Python that executors
+# must run (the node's venv, which has the training package).
+NODE_ENV = {
+    "SPARK_CONF_DIR": "/etc/trainstack/spark",
+    "PYSPARK_PYTHON": f"{NODE_VENV}/bin/python",
+    "PYTHONUNBUFFERED": "1",
+}
 # What is copied back to the host; shards and the backup stay on the cluster's volume.
 RESULT_FILES = ("model.keras", "metrics.json", "curves.png")
 
