@@ -46,7 +46,7 @@ def test_up_from_nothing_ends_with_a_trained_model(platform):
     for name in ("model.keras", "metrics.json"):
         assert (Path(result["host_dir"]) / name).stat().st_size > 0
     # Ansible's progress and the job's output showed up in Pulumi's output as they ran.
-    assert "Ensure" in first.stdout
+    assert "] changed" in first.stdout
     assert "launching on" in first.stdout
 
 
