@@ -10,22 +10,15 @@ training (the rest of the job: Spark start-up, copying results).
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import sys
 import tempfile
-import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from bench.common import emit, timed
 from tests.pulumi_cli import Stack
-
-
-def timed(fn) -> float:
-    start = time.perf_counter()
-    fn()
-    return round(time.perf_counter() - start, 1)
 
 
 def main() -> None:
@@ -68,11 +61,7 @@ def main() -> None:
         "destroy_s": destroy,
         "cpus": os.cpu_count(),
     }
-    text = json.dumps(result, indent=2)
-    print(text)
-    if args.out:
-        args.out.parent.mkdir(parents=True, exist_ok=True)
-        args.out.write_text(text + "\n")
+    emit(result, args.out)
 
 
 if __name__ == "__main__":

@@ -6,23 +6,16 @@ python bench/bench_stack.py --out bench/results/bench_stack.json
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import platform
 import sys
 import tempfile
-import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from bench.common import emit, timed
 from tests.pulumi_cli import Stack
-
-
-def timed(fn) -> float:
-    start = time.perf_counter()
-    fn()
-    return round(time.perf_counter() - start, 2)
 
 
 def main() -> None:
@@ -45,11 +38,7 @@ def main() -> None:
             }
         finally:
             stack.destroy_and_remove()
-    text = json.dumps(result, indent=2)
-    print(text)
-    if args.out:
-        args.out.parent.mkdir(parents=True, exist_ok=True)
-        args.out.write_text(text + "\n")
+    emit(result, args.out)
 
 
 if __name__ == "__main__":

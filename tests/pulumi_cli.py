@@ -45,6 +45,11 @@ class Stack:
         """The value of the stack label on everything this stack creates."""
         return f"{self.prefix}-{self.name}"
 
+    @property
+    def selector(self) -> str:
+        """A Docker label filter for everything this stack creates."""
+        return f"{LABEL_STACK}={self.label}"
+
     def run(self, *args: str, check: bool = True, timeout: int = 1800):
         proc = subprocess.run(
             ["pulumi", *args, "--stack", self.name, "--non-interactive"],

@@ -105,6 +105,20 @@ def test_scaling_workers_adds_a_provisioned_node_without_retraining(platform, en
     assert code == 0, out
 
 
+def test_failed_training_keeps_servers_and_converges_once_fixed(platform, engine):
+    stack, _ = platform
+    before = {c.name: c.id for c in engine.containers.list(filters={"label": stack.selector})}
+    missing = "/srv/trainstack/data/no-such-set.csv"
+    stack.set_config(trainData=missing)
+    failed = stack.run("up", "--yes", "--skip-preview", check=False)
+    assert failed.returncode != 0
+    assert "training job on" in failed.stdout and missing in failed.stdout
+    after = {c.name: c.id for c in engine.containers.list(filters={"label": stack.selector})}
+    assert after == before
+    stack.run("config", "rm", "trainstack:trainData")
+    stack.run("preview", "--expect-no-changes")
+
+
 def test_destroy_leaves_nothing_of_the_stack(platform):
     stack, _ = platform
     stack.run("destroy", "--yes")

@@ -24,8 +24,9 @@ def _pid(container, program: str) -> int | None:
 def test_killed_daemon_is_restarted(provisioned, host, program):
     assert provisioned.first.ok
     container = docker.from_env().containers.get(provisioned.cluster.containers[host])
-    before = _pid(container, program)
-    assert before, f"{program} not running on {host}"
+    # Settled first: killing a ZooKeeper member (the test before) can make a master lose its
+    # session and exit, and supervisord is then still restarting it.
+    before = wait_for(lambda: _pid(container, program), timeout=90, what=f"{program} running")
     container.exec_run(["kill", "-9", str(before)])
     after = wait_for(
         lambda: (p := _pid(container, program)) and p != before and p,

@@ -1,3 +1,5 @@
+"""Fixtures shared by the engine and end-to-end tests."""
+
 import docker
 import pytest
 
