@@ -185,4 +185,4 @@ class Provisioning(pulumi.ComponentResource):
         self.stats = run.stats
         self.duration_s = run.duration_s
         self.content_hash = content_hash
-        self.register_outputs({"stats": self.stats, "content_hash": json.dumps(content_hash)})
+        self.register_outputs({"stats": self.stats, "content_hash": content_hash})
