@@ -6,7 +6,7 @@ PYTEST_ARGS ?=
 ENV := eval "$$(scripts/env.sh)"
 SETUP := scripts/setup.sh
 
-.PHONY: help setup env up preview outputs destroy test unit lint format bench lock clean-tools
+.PHONY: help setup env up preview outputs destroy test unit lint format bench lock clean-tools images clean-images
 
 help: ## List the targets.
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-12s %s\n", $$1, $$2}'
@@ -28,6 +28,12 @@ outputs: ## Show the stack's outputs.
 
 destroy: setup ## Remove the local stack $(STACK) from the engine.
 	@$(ENV); pulumi destroy --yes --stack $(STACK)
+
+images: setup ## Bake the node image trainstack-node:<digest> (no stack needed; FORCE=1 rebakes).
+	@$(ENV); python -m infra.images bake $(if $(FORCE),--force)
+
+clean-images: setup ## Remove node images of other digests than the current one.
+	@$(ENV); python -m infra.images clean
 
 test: setup lint ## The whole test suite: lint, unit, engine, provisioning, training.
 	@$(ENV); pytest $(PYTEST_ARGS)

@@ -54,6 +54,8 @@ class StackConfig:
     worker_spark_cores: int = 1
     worker_spark_memory: str = "1g"
     base_image: str = "debian:bookworm"
+    bake_image: bool = True
+    image_repository: str = "trainstack-node"
     name_prefix: str = "trainstack"
     bind_address: str = "127.0.0.1"
     ui_port_base: int = 18080
@@ -207,6 +209,18 @@ def _name_prefix(c: StackConfig) -> str | None:
     return None
 
 
+def _image_repository(c: StackConfig) -> str | None:
+    if not re.match(
+        r"^[a-z0-9]+(?:[._-][a-z0-9]+)*(?:/[a-z0-9]+(?:[._-][a-z0-9]+)*)*$", c.image_repository
+    ):
+        return (
+            f"{_key('image_repository')}: {c.image_repository!r} is not a Docker repository "
+            "name; use lowercase letters, digits and '.', '_', '-' or '/' between them "
+            "(e.g. trainstack-node)"
+        )
+    return None
+
+
 def _port_base(c: StackConfig) -> str | None:
     if c.ui_port_base != 0 and not 1024 <= c.ui_port_base <= 65535 - c.masters:
         return (
@@ -257,6 +271,7 @@ _CHECKS: list[Callable[[StackConfig], str | None]] = [
     _size_check("worker_spark_memory"),
     _spark_memory_fits,
     _name_prefix,
+    _image_repository,
     _port_base,
     _bind_address,
     _min("train_epochs", 1),

@@ -1,4 +1,7 @@
-"""The stack's program: validate the config, check the engine, declare the platform."""
+"""The stack's program: validate the config, check the engine, declare the platform.
+
+config -> engine checks -> node image -> cluster (nodes) -> provisioning -> training -> outputs
+"""
 
 from __future__ import annotations
 
@@ -7,12 +10,15 @@ import json
 from pathlib import Path
 
 import pulumi
+import pulumi_docker as docker
 
 from infra import config as stack_config
+from infra import engine, topology
 from infra.components import Cluster, ClusterArgs
+from infra.components.image import NodeImage, NodeImageArgs
 from infra.components.provisioning import Provisioning, ProvisioningArgs, tree_digest
 from infra.components.training import Training, TrainingArgs
-from infra.local_docker.resources import EngineError, docker_client
+from infra.images.bake import image_digest, image_tag
 
 ROOT = Path(__file__).resolve().parents[1]
 # The driver runs beside an executor on the submitting worker: keep its heap small.
@@ -32,28 +38,73 @@ def training_trigger(config: stack_config.StackConfig, settings: dict) -> str:
     return hashlib.sha256(payload.encode()).hexdigest()
 
 
+def wheelhouse_path(config: stack_config.StackConfig) -> Path:
+    path = Path(config.wheelhouse).expanduser()
+    return path if path.is_absolute() else ROOT / path
+
+
+def preflight(config: stack_config.StackConfig, prefix: str) -> str:
+    """Everything that would fail half-way, checked before any resource is declared.
+
+    Returns the base image's id.
+    """
+    client = engine.docker_client()
+    engine.check_no_legacy_stack(client, prefix)
+    base_id = engine.require_image(client, config.base_image, "trainstack:baseImage")
+    engine.check_ports_free(
+        client,
+        {
+            f"{prefix}-{spec.key}": (config.bind_address, spec.ui_port)
+            for spec in topology.plan(config)
+            if spec.ui_port
+        },
+        prefix,
+    )
+    return base_id
+
+
 def main() -> None:
     try:
         config = stack_config.load()
     except stack_config.ConfigError as exc:
         # Fails `pulumi preview`/`up` before any resource is declared.
         raise pulumi.RunError(str(exc)) from None
+    stack = pulumi.get_stack()
+    prefix = topology.resource_prefix(config, stack)
     try:
-        docker_client()
-    except EngineError as exc:
+        base_id = preflight(config, prefix)
+    except engine.EngineError as exc:
         raise pulumi.RunError(str(exc)) from None
 
-    stack = pulumi.get_stack()
     artifacts = ROOT / ".artifacts" / stack
-    wheelhouse = Path(config.wheelhouse).expanduser()
-    wheelhouse = wheelhouse if wheelhouse.is_absolute() else ROOT / wheelhouse
+    wheelhouse = wheelhouse_path(config)
+    if config.bake_image:
+        tag = image_tag(config.image_repository, image_digest(config.base_image, base_id))
+        node_image = NodeImage(
+            "node-image",
+            NodeImageArgs(
+                tag=tag,
+                base_image=config.base_image,
+                repository=config.image_repository,
+                wheelhouse=str(wheelhouse),
+                log_path=str(artifacts / "image" / f"bake-{tag.rsplit(':', 1)[-1]}.log"),
+            ),
+        )
+        image_id: pulumi.Output[str] = node_image.image_id
+        pulumi.export("nodeImage", node_image.tag)
+    else:
+        base = docker.RemoteImage("base-image", name=config.base_image, keep_locally=True)
+        image_id = base.image_id
+        pulumi.export("nodeImage", config.base_image)
+
     cluster = Cluster(
         "cluster",
         ClusterArgs(
             config=config,
             project=pulumi.get_project(),
             stack=stack,
-            wheelhouse_dir=str(wheelhouse) if config.provision else None,
+            image=image_id,
+            baked=config.bake_image,
         ),
     )
     pulumi.export("sparkMasterUrl", cluster.spark_master_url)

@@ -29,6 +29,9 @@ LABEL_STACK = "org.trainstack.stack"
 LABEL_ROLES = "org.trainstack.roles"
 LABEL_NODE = "org.trainstack.node"
 LABEL_DATA = "org.trainstack.data"
+# On every engine object a stack makes; older versions (home-made resources) lack it.
+LABEL_MANAGED_BY = "org.trainstack.managed-by"
+MANAGED_BY = "pulumi-docker"
 
 
 @dataclass(frozen=True)
@@ -98,7 +101,7 @@ def zookeeper_connect(nodes: list[NodeSpec]) -> str:
 
 
 def labels(project: str, prefix: str, **extra: str) -> dict[str, str]:
-    return {LABEL_PROJECT: project, LABEL_STACK: prefix, **extra}
+    return {LABEL_PROJECT: project, LABEL_STACK: prefix, LABEL_MANAGED_BY: MANAGED_BY, **extra}
 
 
 def inventory(

@@ -14,5 +14,11 @@ if [ -z "${PULUMI_CONFIG_PASSPHRASE:-}" ]; then
   echo "export PULUMI_CONFIG_PASSPHRASE_FILE=$(q "${PULUMI_CONFIG_PASSPHRASE_FILE:-$ROOT/.pulumi-state/passphrase}")"
 fi
 echo "export PULUMI_SKIP_UPDATE_CHECK=true"
+# The Python the official language host runs the program with. Pulumi.yaml names no
+# `virtualenv` (see the comment there), so the host takes PULUMI_PYTHON_CMD (else the
+# python3 on PATH); the dynamic-provider host (pulumi-resource-pulumi-python) takes
+# PULUMI_RUNTIME_VIRTUALENV. Both point at the project's .venv, also for other
+# projects run from this shell (the tests' smoke projects).
+echo "export PULUMI_PYTHON_CMD=$(q "$ROOT/.venv/bin/python")"
 echo "export PULUMI_RUNTIME_VIRTUALENV=$(q "$ROOT/.venv")"
 echo "export JAVA_HOME=$(q "${JAVA_HOME:-$(dirname "$(dirname "$(readlink -f "$(command -v java 2>/dev/null || echo /usr/bin/java)")")")}")"

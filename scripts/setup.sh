@@ -5,6 +5,10 @@
 #
 #   scripts/setup.sh            all steps
 #   scripts/setup.sh STEP...    only these steps (names as printed)
+#
+# Settings: TRAINSTACK_PLUGIN_SOURCES (the folder with python-langhost/ and
+# docker-provider/, built when Pulumi's download sites do not answer; default
+# ../shared/pulumi-src beside the clone), TRAINSTACK_CACHE, TRAINSTACK_USE_SYSTEM_PULUMI.
 set -euo pipefail
 
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
@@ -21,6 +25,12 @@ LOGS="$STATE/logs"
 # Built toolchains are also kept per user, so a second clone reuses them.
 CACHE="${TRAINSTACK_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/trainstack}"
 DOCKERD_LOG="${TRAINSTACK_DOCKERD_LOG:-$STATE/dockerd.log}"
+# Sources of the official plugins that cannot be downloaded here (air-gapped machines):
+# a folder with python-langhost/ and docker-provider/. Read only; builds copy it first.
+if [ -z "${TRAINSTACK_PLUGIN_SOURCES:-}" ] && [ -d "$ROOT/../shared/pulumi-src" ]; then
+  TRAINSTACK_PLUGIN_SOURCES=$(cd "$ROOT/../shared/pulumi-src" && pwd)
+fi
+PLUGIN_SOURCES=${TRAINSTACK_PLUGIN_SOURCES:-}
 mkdir -p "$BIN" "$LOGS" "$CACHE"
 export PATH="$PATH:/usr/local/go/bin"
 eval "$("$ROOT/scripts/env.sh")"
@@ -198,21 +208,143 @@ step_pulumi_cli() {
   echo "installed $("$BIN/pulumi" version) into $BIN"
 }
 
-step_pulumi_python_host() {
-  local sdk
+# The folder of plugin sources named by TRAINSTACK_PLUGIN_SOURCES, checked; else says
+# what is missing and how to provide it.
+plugin_sources() {
+  local sub=$1 what=$2 why=$3
+  if [ -n "$PLUGIN_SOURCES" ] && [ -d "$PLUGIN_SOURCES/$sub" ]; then
+    echo "$PLUGIN_SOURCES/$sub"
+    return
+  fi
+  {
+    echo "cannot get $what: $why, and no sources were found"
+    echo "(looked for the folder ${PLUGIN_SOURCES:-<TRAINSTACK_PLUGIN_SOURCES unset>}/$sub)."
+    echo "Either run setup on a machine that reaches get.pulumi.com and github.com, or"
+    echo "export TRAINSTACK_PLUGIN_SOURCES=/path/to/pulumi-src (the folder holding"
+    echo "python-langhost/ and docker-provider/, default ../shared/pulumi-src) and run it again."
+  } >&2
+  return 1
+}
+
+# A writable copy of a read-only source folder, fresh each time (the build writes in it).
+writable_copy() {
+  local src=$1 dst=$2
+  rm -rf "$dst"
+  mkdir -p "$(dirname "$dst")"
+  cp -R "$src" "$dst"
+  chmod -R u+w "$dst"
+}
+
+# Copies FILES from DIR into the per-user cache DEST atomically (other clones read it).
+cache_files() {
+  local dir=$1 dest=$2 tmp f
+  shift 2
+  tmp=$(mktemp -d "$(dirname "$dest")/.tmp.XXXXXX")
+  chmod 0755 "$tmp"
+  for f in "$@"; do install -m 0755 "$dir/$f" "$tmp/$f"; done
+  rm -rf "$dest"
+  mv "$tmp" "$dest"
+}
+
+PYTHON_HOST_FILES=(pulumi-language-python pulumi-language-python-exec pulumi-resource-pulumi-python)
+
+python_host_ok() {
+  local dir=$1 f
+  for f in "${PYTHON_HOST_FILES[@]}"; do [ -x "$dir/$f" ] || return 1; done
+  [ "$("$dir/pulumi-language-python" -version 2>/dev/null)" = "v$PULUMI_VERSION" ]
+}
+
+build_python_host() {
+  local src work=$STATE/plugin-build/python-langhost sdk
+  command -v go >/dev/null || { echo "Go is needed to build pulumi-language-python; install golang"; return 1; }
+  src=$(plugin_sources python-langhost "the Python language host (pulumi-language-python)" \
+    "the official installer was not used (get.pulumi.com unreachable) and it is not cached")
+  echo "building pulumi-language-python v$PULUMI_VERSION from $src (copied to $work)"
+  writable_copy "$src" "$work"
+  (cd "$work" && CGO_ENABLED=0 log_cmd go build -trimpath -tags osusergo,grpcnotrace \
+    -ldflags "-s -w -X github.com/pulumi/pulumi/sdk/v3/go/common/version.Version=v$PULUMI_VERSION" \
+    -o pulumi-language-python .)
+  # The dynamic-provider host script ships with the SDK module, beside the launcher.
   sdk=$(sdk_module_dir)
-  # Scripts from the SDK module: the program launcher and the dynamic-provider host.
-  install -m 0755 "$sdk/python/cmd/pulumi-language-python-exec" "$BIN/pulumi-language-python-exec"
-  install -m 0755 "$sdk/python/dist/pulumi-resource-pulumi-python" "$BIN/pulumi-resource-pulumi-python"
-  # The Python language host: the project's own (scripts/langhost), run by the venv.
-  cat >"$BIN/pulumi-language-python" <<EOF
-#!/bin/sh
-# Installed by trainstack's setup; see scripts/langhost/pulumi_language_python.py.
-PULUMI_LANGUAGE_PYTHON_EXEC="$BIN/pulumi-language-python-exec" export PULUMI_LANGUAGE_PYTHON_EXEC
-exec "$VENV/bin/python" "$ROOT/scripts/langhost/pulumi_language_python.py" "\$@"
-EOF
-  chmod 0755 "$BIN/pulumi-language-python"
-  echo "language host and SDK scripts in $BIN (from sdk/v3 v$PULUMI_VERSION)"
+  install -m 0755 "$sdk/python/dist/pulumi-resource-pulumi-python" "$work/pulumi-resource-pulumi-python"
+}
+
+step_pulumi_python_host() {
+  local cache="$CACHE/pulumi-language-python-v$PULUMI_VERSION" official=$STATE/pulumi-official/bin
+  local src from f
+  if [ "${TRAINSTACK_USE_SYSTEM_PULUMI:-0}" = 1 ] && [ -x "$(dirname "$(command -v pulumi)")/pulumi-language-python" ]; then
+    echo "using the language host next to the system CLI: $(dirname "$(command -v pulumi)")"
+    return
+  fi
+  if python_host_ok "$BIN"; then
+    echo "pulumi-language-python v$PULUMI_VERSION present in $BIN"
+    return
+  fi
+  if python_host_ok "$official"; then
+    # The official installer's archive ships the host and its scripts beside pulumi.
+    src=$official from="the official release archive"
+  elif python_host_ok "$cache"; then
+    src=$cache from="the user cache $cache"
+  else
+    build_python_host
+    src=$STATE/plugin-build/python-langhost from="a build from source"
+  fi
+  for f in "${PYTHON_HOST_FILES[@]}"; do install -m 0755 "$src/$f" "$BIN/$f"; done
+  [ "$src" = "$cache" ] || cache_files "$src" "$cache" "${PYTHON_HOST_FILES[@]}"
+  rm -rf "$STATE/plugin-build/python-langhost"
+  echo "pulumi-language-python $("$BIN/pulumi-language-python" -version) and its scripts in $BIN (from $from)"
+}
+
+docker_provider_listed() {
+  pulumi plugin ls 2>/dev/null |
+    awk -v v="$PULUMI_DOCKER_PROVIDER_VERSION" '$1 == "docker" && $2 == "resource" && $3 == v { found = 1 } END { exit !found }'
+}
+
+build_docker_provider() {
+  local src work=$STATE/plugin-build/docker-provider v=$PULUMI_DOCKER_PROVIDER_VERSION
+  command -v go >/dev/null || { echo "Go is needed to build pulumi-resource-docker; install golang"; return 1; }
+  src=$(plugin_sources docker-provider "the docker provider plugin (pulumi-resource-docker)" \
+    "the download failed and it is not cached")
+  echo "building pulumi-resource-docker v$v from $src (copied to $work)"
+  # provider/go.mod replaces modules with ../upstream and ../gomod-stubs: copy all of it.
+  writable_copy "$src" "$work"
+  (
+    cd "$work/provider"
+    export CGO_ENABLED=0
+    log_cmd go mod download
+    VERSION=$v log_cmd go generate cmd/pulumi-resource-docker/main.go
+    log_cmd go build -trimpath -tags no_compose \
+      -ldflags "-s -w -X github.com/pulumi/pulumi-docker/provider/v5/pkg/version.Version=$v" \
+      -o pulumi-resource-docker ./cmd/pulumi-resource-docker
+  )
+}
+
+step_pulumi_docker_provider() {
+  local v=$PULUMI_DOCKER_PROVIDER_VERSION cache="$CACHE/pulumi-resource-docker-v$PULUMI_DOCKER_PROVIDER_VERSION"
+  local work=$STATE/plugin-build/docker-provider from
+  if docker_provider_listed; then
+    echo "plugin resource docker $v present ($PULUMI_HOME/plugins)"
+    return
+  fi
+  # The official way: a download from Pulumi's release sites.
+  if log_cmd timeout 60 pulumi plugin install resource docker "$v"; then
+    docker_provider_listed || { echo "pulumi plugin install succeeded but plugin ls does not list docker $v"; return 1; }
+    echo "plugin resource docker $v downloaded (pulumi plugin install)"
+    return
+  fi
+  echo "download failed; using the user cache or building from source"
+  if [ -x "$cache/pulumi-resource-docker" ]; then
+    from="the user cache $cache"
+  else
+    build_docker_provider
+    cache_files "$work/provider" "$cache" pulumi-resource-docker
+    from="a build from source"
+  fi
+  # Installed into the plugin cache, not on PATH.
+  log_cmd pulumi plugin install resource docker "$v" --file "$cache/pulumi-resource-docker"
+  rm -rf "$work"
+  docker_provider_listed || { echo "pulumi plugin ls does not list docker $v after the install"; return 1; }
+  echo "plugin resource docker $v installed from $from"
 }
 
 venv_stamp() {
@@ -253,10 +385,13 @@ step_pulumi_backend() {
 step_check() {
   pulumi version >/dev/null
   pulumi plugin ls >/dev/null
-  echo "pulumi $(pulumi version); python $("$VENV/bin/python" --version 2>&1 | cut -d' ' -f2)"
+  echo "pulumi $(pulumi version); language python $(pulumi-language-python -version 2>/dev/null || echo missing);" \
+    "docker provider $(docker_provider_listed && echo "$PULUMI_DOCKER_PROVIDER_VERSION" || echo missing);" \
+    "python $("$VENV/bin/python" --version 2>&1 | cut -d' ' -f2)"
 }
 
-ALL_STEPS=(os_packages java docker_engine base_image pulumi_cli python_env pulumi_python_host pulumi_backend check)
+ALL_STEPS=(os_packages java docker_engine base_image pulumi_cli python_env pulumi_python_host
+  pulumi_docker_provider pulumi_backend check)
 steps=("$@")
 [ ${#steps[@]} -gt 0 ] || steps=("${ALL_STEPS[@]}")
 total_start=$(date +%s)

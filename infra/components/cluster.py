@@ -5,11 +5,12 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import pulumi
+import pulumi_docker as docker
 
 from infra import topology
 from infra.components.node import Node, NodeArgs
+from infra.components.secret import RandomSecret
 from infra.config import StackConfig
-from infra.local_docker import Network, RandomSecret, Volume
 from infra.topology import LABEL_DATA
 
 
@@ -18,9 +19,10 @@ class ClusterArgs:
     config: StackConfig
     project: str
     stack: str
-    # The control machine's wheelhouse, mounted read-only into every node so the roles
-    # install from it without copying hundreds of MB per node.
-    wheelhouse_dir: str | None = None
+    # The image every node starts from (an id): the baked node image, or the base image.
+    image: pulumi.Input[str]
+    # Whether `image` is the baked node image (its CMD runs supervisord).
+    baked: bool = True
 
 
 class Cluster(pulumi.ComponentResource):
@@ -44,19 +46,27 @@ class Cluster(pulumi.ComponentResource):
         child = pulumi.ResourceOptions(parent=self)
 
         self.network_name = f"{prefix}-net"
-        network = Network("network", name=self.network_name, labels=labels, opts=child)
+        network = docker.Network(
+            "network",
+            name=self.network_name,
+            driver="bridge",
+            labels=[docker.NetworkLabelArgs(label=k, value=v) for k, v in sorted(labels.items())],
+            opts=child,
+        )
 
         # Shared storage: the data set and shards, checkpoints, models and metrics.
-        shared: dict[str, str] = {}
+        shared: list[tuple[pulumi.Input[str], str]] = []
         for suffix, target in topology.SHARED_MOUNTS.items():
-            volume_name = f"{prefix}-{suffix}"
-            Volume(
+            volume = docker.Volume(
                 suffix,
-                name=volume_name,
-                labels={**labels, LABEL_DATA: "true"},
+                name=f"{prefix}-{suffix}",
+                labels=[
+                    docker.VolumeLabelArgs(label=k, value=v)
+                    for k, v in sorted({**labels, LABEL_DATA: "true"}.items())
+                ],
                 opts=pulumi.ResourceOptions(parent=self, retain_on_delete=config.retain_data),
             )
-            shared[volume_name] = target
+            shared.append((volume.name, target))
 
         nodes = {
             spec.key: Node(
@@ -64,17 +74,17 @@ class Cluster(pulumi.ComponentResource):
                 NodeArgs(
                     spec=spec,
                     prefix=prefix,
-                    image=config.base_image,
-                    network_name=self.network_name,
-                    network_id=network.network_id,
+                    image=args.image,
+                    baked=args.baked,
+                    network_name=network.name,
                     labels=labels,
-                    bind_address=config.bind_address,
-                    shared_mounts=shared,
-                    host_mounts=(
-                        {args.wheelhouse_dir: topology.WHEELHOUSE_MOUNT}
-                        if args.wheelhouse_dir
-                        else {}
+                    memory_bytes=(
+                        config.control_memory_bytes
+                        if spec.group == "control"
+                        else config.worker_memory_bytes
                     ),
+                    bind_address=config.bind_address,
+                    shared_volumes=shared,
                     retain_data=config.retain_data,
                 ),
                 opts=pulumi.ResourceOptions(parent=self, depends_on=[network]),
@@ -106,9 +116,7 @@ class Cluster(pulumi.ComponentResource):
             ]
         )
         self.inventory = addresses.apply(
-            lambda a: topology.inventory(
-                config, prefix, plan, addresses=a, wheelhouse_mounted=bool(args.wheelhouse_dir)
-            )
+            lambda a: topology.inventory(config, prefix, plan, addresses=a)
         )
         self.register_outputs(
             {

@@ -5,8 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 import pulumi
+import pulumi_docker as docker
 
-from infra.local_docker import Container, ContainerArgs, PortBinding, Volume, VolumeMount
 from infra.topology import (
     LABEL_DATA,
     LABEL_NODE,
@@ -15,28 +15,33 @@ from infra.topology import (
     NodeSpec,
 )
 
-# The container's main process. Containers have no init system: once provisioning has
-# installed supervisord (which keeps every daemon up), this loop keeps supervisord itself
-# up, also after the container restarts (restart policy) or the engine does.
-KEEP_SUPERVISOR = (
-    "while :; do if [ -x /etc/init.d/supervisor ]; then "
-    "/etc/init.d/supervisor status >/dev/null 2>&1 "
-    "|| /etc/init.d/supervisor start >/dev/null 2>&1; "
-    "fi; sleep 10; done"
-)
+# The main process of a node that is not started from the baked image (trainstack:bakeImage
+# false): it only keeps the container up; provisioning installs supervisord and its role
+# starts it, exactly once. A baked image's own CMD is supervisord (docs/provisioning.md).
+IDLE_COMMAND = ["sleep", "infinity"]
+
+
+def mebibytes(size_bytes: int) -> int:
+    """pulumi-docker takes memory in MiB."""
+    return max(1, size_bytes // 1024**2)
+
+
+def docker_labels(labels: dict[str, str]) -> list[docker.ContainerLabelArgs]:
+    return [docker.ContainerLabelArgs(label=k, value=v) for k, v in sorted(labels.items())]
 
 
 @dataclass
 class NodeArgs:
     spec: NodeSpec
     prefix: str
-    image: str
-    network_name: str
-    network_id: pulumi.Input[str]
+    image: pulumi.Input[str]  # an image id (the baked node image, or the base image)
+    baked: bool  # the image's CMD runs supervisord; otherwise IDLE_COMMAND
+    network_name: pulumi.Input[str]
     labels: dict[str, str]
+    memory_bytes: int
     bind_address: str = "127.0.0.1"
-    shared_mounts: dict[str, str] = field(default_factory=dict)  # volume name -> path
-    host_mounts: dict[str, str] = field(default_factory=dict)  # host folder -> path, read-only
+    # (volume name, mount path); names as outputs of the volumes, so nodes wait for them.
+    shared_volumes: list[tuple[pulumi.Input[str], str]] = field(default_factory=list)
     retain_data: bool = False
 
 
@@ -52,57 +57,69 @@ class Node(pulumi.ComponentResource):
     ) -> None:
         super().__init__("trainstack:cluster:Node", name, None, opts)
         spec = args.spec
-        child = pulumi.ResourceOptions(parent=self)
-        mounts = [VolumeMount(volume=v, target=t) for v, t in args.shared_mounts.items()]
-        mounts += [
-            VolumeMount(volume=h, target=t, read_only=True, kind="bind")
-            for h, t in args.host_mounts.items()
+        mounts = [
+            docker.ContainerMountArgs(type="volume", source=v, target=t)
+            for v, t in args.shared_volumes
         ]
         own_volumes = []
         for suffix, target in spec.volumes.items():
-            volume_name = f"{args.prefix}-{suffix}"
-            own_volumes.append(
-                Volume(
-                    suffix,
-                    name=volume_name,
-                    labels={**args.labels, LABEL_DATA: "true"},
-                    opts=pulumi.ResourceOptions(parent=self, retain_on_delete=args.retain_data),
-                )
+            volume = docker.Volume(
+                suffix,
+                name=f"{args.prefix}-{suffix}",
+                labels=[
+                    docker.VolumeLabelArgs(label=k, value=v)
+                    for k, v in sorted({**args.labels, LABEL_DATA: "true"}.items())
+                ],
+                opts=pulumi.ResourceOptions(parent=self, retain_on_delete=args.retain_data),
             )
-            mounts.append(VolumeMount(volume=volume_name, target=target))
+            own_volumes.append(volume)
+            mounts.append(
+                docker.ContainerMountArgs(type="volume", source=volume.name, target=target)
+            )
         ports = []
         if spec.ui_port is not None:
             ports.append(
-                PortBinding(
-                    internal=SPARK_MASTER_UI_PORT, external=spec.ui_port, host_ip=args.bind_address
+                docker.ContainerPortArgs(
+                    internal=SPARK_MASTER_UI_PORT,
+                    external=spec.ui_port or None,
+                    ip=args.bind_address,
                 )
             )
-        container_args = ContainerArgs(
+        memory = mebibytes(args.memory_bytes)
+        container = docker.Container(
+            f"{name}-container",
             name=f"{args.prefix}-{spec.key}",
             image=args.image,
             hostname=spec.key,
-            network=args.network_name,
-            aliases=[spec.key],
-            command=["sh", "-c", KEEP_SUPERVISOR],
-            labels={**args.labels, LABEL_NODE: spec.key, LABEL_ROLES: ",".join(spec.roles)},
-            cpus=spec.cpus,
-            memory=spec.memory,
+            command=None if args.baked else IDLE_COMMAND,
+            networks_advanced=[
+                docker.ContainerNetworksAdvancedArgs(name=args.network_name, aliases=[spec.key])
+            ],
+            labels=docker_labels(
+                {**args.labels, LABEL_NODE: spec.key, LABEL_ROLES: ",".join(spec.roles)}
+            ),
+            cpus=f"{spec.cpus:g}",
+            # Swap equal to memory: no swap, and no `memorySwap` diff on every preview.
+            memory=memory,
+            memory_swap=memory,
+            restart="unless-stopped",
+            init=True,
             ports=ports,
             mounts=mounts,
+            opts=pulumi.ResourceOptions(parent=self, depends_on=own_volumes),
         )
-        container = Container(
-            f"{name}-container",
-            container_args,
-            network_id=args.network_id,
-            opts=pulumi.ResourceOptions.merge(
-                child, pulumi.ResourceOptions(depends_on=own_volumes)
-            ),
+        self.container_id = container.id
+        self.address = container.network_datas.apply(
+            lambda nets: next((n.ip_address or "" for n in nets or []), "")
         )
-        self.container_id = container.container_id
-        self.address = container.ip_address
-        self.ui_port = container.published_ports.apply(
-            lambda p: (
-                int(p[str(SPARK_MASTER_UI_PORT)]) if p and str(SPARK_MASTER_UI_PORT) in p else None
+        self.ui_port = container.ports.apply(
+            lambda ps: next(
+                (
+                    int(p.external)
+                    for p in ps or []
+                    if p.internal == SPARK_MASTER_UI_PORT and p.external
+                ),
+                None,
             )
         )
         self.register_outputs(

@@ -20,6 +20,7 @@ from typing import Any
 import pulumi
 from pulumi.dynamic import CreateResult, DiffResult, Resource, ResourceProvider, UpdateResult
 
+from infra.errors import UserFacingError, short_provider_errors, write_details
 from infra.provisioning.__main__ import SECRET_ENV
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -33,6 +34,7 @@ SOURCES = (
     "infra/provisioning",
     "infra/components/provisioning.py",
 )
+short_provider_errors()
 _SKIP = {"__pycache__", ".pytest_cache", "build", "dist", ".mypy_cache", ".ruff_cache"}
 
 
@@ -100,15 +102,19 @@ class _PlaybookProvider(ResourceProvider):
         assert child.stdout is not None
         lines = child.stdout.read().splitlines()  # progress goes to stderr, live
         code = child.wait()
+        log = artifacts / "provisioning.log"
         try:
             result = json.loads(lines[-1])
         except (IndexError, json.JSONDecodeError):
-            raise RuntimeError(
-                f"provisioning exited with {code} without a result: {' '.join(lines[-5:])}"
+            write_details(log, f"provisioning exited {code} without a result:\n" + "\n".join(lines))
+            raise UserFacingError(
+                f"provisioning ({props['playbook']}) stopped without a result (exit {code}); "
+                f"details: {log}"
             ) from None
         if not result["ok"]:
-            raise RuntimeError(
-                "provisioning failed:\n  "
+            write_details(log, "\n".join(result["failures"]))
+            raise UserFacingError(
+                f"provisioning ({props['playbook']}) failed:\n  "
                 + "\n  ".join(result["failures"])
                 + f"\nrunner artifacts: {result['artifacts_dir']}"
             )

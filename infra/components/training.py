@@ -22,6 +22,10 @@ from typing import Any
 import pulumi
 from pulumi.dynamic import CreateResult, DiffResult, Resource, ResourceProvider, UpdateResult
 
+from infra.errors import UserFacingError, short_provider_errors, write_details
+
+short_provider_errors()
+
 NODE_VENV = "/opt/trainstack/venv"
 MODELS_DIR = "/srv/trainstack/models"
 JOB_USER = "trainstack"
@@ -37,7 +41,7 @@ NODE_ENV = {
 RESULT_FILES = ("model.keras", "metrics.json", "curves.png")
 
 
-class TrainingError(RuntimeError):
+class TrainingError(UserFacingError):
     """The job failed; the message carries the job's own error."""
 
 
@@ -85,9 +89,17 @@ class _TrainingJobProvider(ResourceProvider):
     serialize_as_secret_always = False
 
     def _run(self, props: dict[str, Any]) -> dict[str, Any]:
-        from infra.local_docker.resources import docker_client
+        from infra.engine import EngineError, docker_client
 
-        container = docker_client().containers.get(props["submit_container"])
+        try:
+            container = docker_client().containers.get(props["submit_container"])
+        except EngineError as exc:
+            raise TrainingError(f"training job: {exc}") from None
+        except Exception as exc:
+            raise TrainingError(
+                f"training job: the submitting node {props['submit_container']} is not on the "
+                f"engine ({exc}); run `pulumi up` again to recreate it"
+            ) from None
         run_dir = f"{MODELS_DIR}/{props['run_id']}"
         settings = props["settings"]
         command = [
@@ -114,9 +126,11 @@ class _TrainingJobProvider(ResourceProvider):
         lines = [line for line in stdout.strip().splitlines() if line.startswith("{")]
         summary = json.loads(lines[-1]) if lines else {}
         if code != 0 or not summary.get("ok"):
+            log = Path(props["host_artifacts_dir"]) / props["run_id"] / "job.log"
+            write_details(log, stdout)
             raise TrainingError(
                 f"training job on {props['submit_container']} failed (exit {code}): "
-                f"{summary.get('error') or stdout.strip()[-2000:]}"
+                f"{summary.get('error') or stdout.strip()[-500:]}; job output: {log}"
             )
         host_dir = Path(props["host_artifacts_dir"]) / props["run_id"]
         copied = _copy_results(container, run_dir, host_dir)

@@ -18,7 +18,7 @@ import sys
 from pathlib import Path
 
 from infra.provisioning.runner import run_playbook
-from infra.provisioning.wheelhouse import build_node_wheelhouse
+from infra.provisioning.wheelhouse import WheelhouseError, build_node_wheelhouse
 
 SECRET_ENV = "TRAINSTACK_SPARK_AUTH_SECRET"
 
@@ -36,7 +36,24 @@ def main(argv: list[str] | None = None) -> int:
 
     inventory = yaml.safe_load(args.inventory.read_text())
     print(f"wheelhouse: {args.wheelhouse} (downloads only what is missing)", file=sys.stderr)
-    build_node_wheelhouse(args.wheelhouse)
+    try:
+        build_node_wheelhouse(args.wheelhouse)
+    except (WheelhouseError, OSError) as exc:
+        # One sentence naming the path and the cause; the caller shows it as the failure.
+        reason = f"the wheelhouse {args.wheelhouse} could not be made or filled: {exc}"
+        print(
+            json.dumps(
+                {
+                    "ok": False,
+                    "stats": {},
+                    "duration_s": 0.0,
+                    "failures": [reason],
+                    "artifacts_dir": str(args.artifacts_dir),
+                }
+            ),
+            flush=True,
+        )
+        return 1
     extravars = {"trainstack_wheelhouse_dir": str(args.wheelhouse)}
     if os.environ.get(SECRET_ENV):
         extravars["trainstack_spark_auth_secret"] = os.environ[SECRET_ENV]

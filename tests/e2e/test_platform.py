@@ -113,6 +113,9 @@ def test_failed_training_keeps_servers_and_converges_once_fixed(platform, engine
     failed = stack.run("up", "--yes", "--skip-preview", check=False)
     assert failed.returncode != 0
     assert "training job on" in failed.stdout and missing in failed.stdout
+    # One message naming the node, the cause and the log; no Python traceback.
+    assert "Traceback" not in failed.stdout + failed.stderr, failed.stdout[-3000:]
+    assert "job output: " in failed.stdout
     after = {c.name: c.id for c in engine.containers.list(filters={"label": stack.selector})}
     assert after == before
     stack.run("config", "rm", "trainstack:trainData")

@@ -168,3 +168,24 @@ def test_destroy_removes_everything_but_retained_data(tmp_path, engine):
         assert engine_objects(s.label) == {"containers": [], "networks": [], "volumes": []}
     finally:
         s.destroy_and_remove()
+
+
+def test_stack_made_by_the_old_resources_is_named_not_taken_over(tmp_path, engine):
+    """Containers of this stack without the managed-by label: a sentence, nothing made."""
+    s = Stack(tmp_path / "state")
+    s.init(**SMALL)
+    old = engine.containers.create(
+        "debian:bookworm",
+        ["sleep", "infinity"],
+        name=f"{s.label}-control-1",
+        labels={"org.trainstack.stack": s.label},
+    )
+    try:
+        proc = s.run("preview", check=False)
+        assert proc.returncode != 0
+        assert "made by an older trainstack" in proc.stdout
+        assert "Traceback" not in proc.stdout + proc.stderr
+        assert engine_objects(s.label)["networks"] == []
+    finally:
+        old.remove(force=True)
+        s.destroy_and_remove()

@@ -1,7 +1,9 @@
-"""The toolchain setup installs: the CLI, the Python language host, a smoke stack."""
+"""The toolchain setup installs: the CLI, the official Python language host, the official
+docker provider plugin, and a smoke stack that uses them."""
 
 import json
 import re
+import shutil
 import subprocess
 import textwrap
 
@@ -18,14 +20,17 @@ def run(args, env, cwd=ROOT, check=True):
     return proc
 
 
-def test_pulumi_cli_version(tmp_path):
-    versions = dict(
+def versions():
+    return dict(
         line.split("=", 1)
         for line in (ROOT / "versions.env").read_text().splitlines()
         if "=" in line and not line.startswith("#")
     )
+
+
+def test_pulumi_cli_version(tmp_path):
     out = run(["pulumi", "version"], project_env(tmp_path)).stdout.strip()
-    assert out == f"v{versions['PULUMI_VERSION']}"
+    assert out == f"v{versions()['PULUMI_VERSION']}"
 
 
 def test_python_language_host_is_found(tmp_path):
@@ -37,8 +42,36 @@ def test_python_language_host_is_found(tmp_path):
     assert f"executable='{ROOT}/.venv/bin/python'" in about, about
 
 
+def test_python_language_host_is_the_official_one(tmp_path):
+    """The host the CLI finds is the official Go binary, not a script of this project."""
+    env = project_env(tmp_path)
+    host = shutil.which("pulumi-language-python", path=env["PATH"])
+    assert host, "pulumi-language-python is not on the PATH that `make env` gives"
+    with open(host, "rb") as binary:
+        assert binary.read(4) == b"\x7fELF", f"{host} is not a compiled binary"
+    assert run([host, "-version"], env).stdout.strip() == f"v{versions()['PULUMI_VERSION']}"
+    assert not (ROOT / "scripts" / "langhost").exists()
+    about = run(["pulumi", "about"], env).stdout
+    assert "langhost" not in about, about
+    # The official host's About names its Python toolchain and the toolchain's version.
+    assert "toolchain='" in about, about
+    assert "toolchainVersion='" in about, about
+
+
+def test_docker_provider_plugin_is_installed(tmp_path):
+    """`pulumi plugin ls` lists the official provider at the pinned version, and the
+    program's dependencies (the pulumi_docker SDK in .venv) ask for that version."""
+    env = project_env(tmp_path)
+    version = versions()["PULUMI_DOCKER_PROVIDER_VERSION"]
+    plugins = run(["pulumi", "plugin", "ls"], env).stdout
+    assert re.search(rf"^docker\s+resource\s+{re.escape(version)}\s", plugins, re.M), plugins
+    assert not shutil.which("pulumi-resource-docker", path=env["PATH"]), "provider left on PATH"
+    about = run(["pulumi", "about"], env).stdout
+    assert re.search(rf"resource\s+docker\s+{re.escape(version)}", about), about
+
+
 def test_smoke_stack_network_and_container_up_and_destroy(tmp_path, engine):
-    """A one-container stack from the base image, through the CLI and the engine."""
+    """A one-container stack from the base image with the official docker provider."""
     project = tmp_path / "smoke"
     project.mkdir()
     (project / "Pulumi.yaml").write_text("name: smoke\nruntime: python\n")
@@ -46,40 +79,58 @@ def test_smoke_stack_network_and_container_up_and_destroy(tmp_path, engine):
         textwrap.dedent(
             """
             import pulumi
-            from infra.local_docker import Container, ContainerArgs, Network
+            import pulumi_docker as docker
 
-            label = {"org.trainstack.stack": "smoke-" + pulumi.get_stack()}
-            net = Network("net", name="smoke-" + pulumi.get_stack(), labels=label)
-            box = Container(
-                "box",
-                ContainerArgs(
-                    name="smoke-" + pulumi.get_stack() + "-box",
-                    image="debian:bookworm",
-                    hostname="box",
-                    network="smoke-" + pulumi.get_stack(),
-                    labels=label,
-                    cpus=0.2,
-                    memory="256m",
-                ),
-                network_id=net.network_id,
+            name = "smoke-" + pulumi.get_stack()
+            image = docker.RemoteImage("image", name="debian:bookworm", keep_locally=True)
+            net = docker.Network(
+                "net",
+                name=name,
+                labels=[docker.NetworkLabelArgs(label="org.trainstack.stack", value=name)],
             )
-            pulumi.export("id", box.container_id)
+            box = docker.Container(
+                "box",
+                name=name + "-box",
+                image=image.image_id,
+                hostname="box",
+                command=["sleep", "infinity"],
+                networks_advanced=[
+                    docker.ContainerNetworksAdvancedArgs(name=net.name, aliases=["box-alias"])
+                ],
+                labels=[docker.ContainerLabelArgs(label="org.trainstack.stack", value=name)],
+                memory=256,
+                memory_swap=256,
+                cpus="0.2",
+            )
+            pulumi.export("id", box.id)
             """
         )
     )
     env = project_env(tmp_path / "state")
     (tmp_path / "state").mkdir()
     stack = "s" + tmp_path.name[-6:].replace("_", "")
+    image_id = engine.images.get("debian:bookworm").id
     run(["pulumi", "stack", "init", stack], env, cwd=project)
     try:
         run(["pulumi", "up", "--yes", "--stack", stack], env, cwd=project)
         outputs = json.loads(run(["pulumi", "stack", "output", "--json"], env, cwd=project).stdout)
         container = engine.containers.get(outputs["id"])
         assert container.status == "running"
-        assert f"smoke-{stack}" in container.attrs["NetworkSettings"]["Networks"]
+        networks = container.attrs["NetworkSettings"]["Networks"]
+        assert f"smoke-{stack}" in networks
+        assert "box-alias" in (networks[f"smoke-{stack}"].get("Aliases") or [])
         assert container.attrs["HostConfig"]["Memory"] == 256 * 1024**2
+        assert container.attrs["HostConfig"]["MemorySwap"] == 256 * 1024**2
+        assert container.attrs["HostConfig"]["NanoCpus"] == 200_000_000
+        # A second `up` changes nothing.
+        again = run(["pulumi", "preview", "--stack", stack, "--diff"], env, cwd=project).stdout
+        assert "unchanged" in again, again
+        assert not re.search(r"to (create|update|replace|delete)", again), again
         run(["pulumi", "destroy", "--yes", "--stack", stack], env, cwd=project)
         assert not engine.containers.list(all=True, filters={"id": outputs["id"]})
         assert not engine.networks.list(names=[f"smoke-{stack}"])
+        # keep_locally: the shared base image stays.
+        assert engine.images.get("debian:bookworm").id == image_id
     finally:
         run(["pulumi", "destroy", "--yes", "--stack", stack], env, cwd=project, check=False)
+        run(["pulumi", "stack", "rm", "--yes", stack], env, cwd=project, check=False)

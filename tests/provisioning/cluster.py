@@ -25,6 +25,7 @@ APT_POOL = CACHE / "apt" / "pool"
 LABEL = "trainstack.test"
 # Memory per container: 3 x 1 GiB control + 2 x 2.5 GiB workers = 8 GiB (the topology's budget).
 MEM = {"control": "1g", "worker": "2560m"}
+KEEP_ALIVE = ["sleep", "infinity"]
 
 
 def _link_tree(src: Path, dst: Path) -> None:
@@ -69,7 +70,20 @@ def client() -> docker.DockerClient:
     return c
 
 
-def create(name: str, nodes: list[Node] | None = None) -> Cluster:
+def create(
+    name: str,
+    nodes: list[Node] | None = None,
+    *,
+    image: str = BASE_IMAGE,
+    command: list[str] | None = KEEP_ALIVE,
+    init: bool = True,
+) -> Cluster:
+    """Containers for ``nodes`` (default topology) from ``image``.
+
+    The default is a bare server: the base image kept alive by ``sleep`` (the supervisor role
+    starts supervisord as a service). For the node image pass ``command=None, init=False``:
+    its own CMD, supervisord, is then the main process.
+    """
     c = client()
     destroy(name)
     nodes = nodes or default_topology(name)
@@ -81,12 +95,12 @@ def create(name: str, nodes: list[Node] | None = None) -> Cluster:
         (apt_dir / "partial").mkdir(parents=True, exist_ok=True)
         kind = "control" if "control" in node.groups else "worker"
         c.containers.run(
-            BASE_IMAGE,
-            command=["sleep", "infinity"],
+            image,
+            command=command,
             name=node.address,
             hostname=node.address,
             detach=True,
-            init=True,
+            init=init,
             network=net.name,
             labels={LABEL: name},
             mem_limit=MEM[kind],

@@ -7,13 +7,13 @@ import pytest
 
 from infra.components import Cluster, ClusterArgs
 from infra.config import StackConfig
-from infra.topology import LABEL_ROLES, LABEL_STACK
+from infra.topology import LABEL_MANAGED_BY, LABEL_ROLES, LABEL_STACK, MANAGED_BY
 
 pytestmark = pytest.mark.unit
 
-CONTAINER = "pulumi-python:dynamic/docker:Container"
-VOLUME = "pulumi-python:dynamic/docker:Volume"
-NETWORK = "pulumi-python:dynamic/docker:Network"
+CONTAINER = "docker:index/container:Container"
+VOLUME = "docker:index/volume:Volume"
+NETWORK = "docker:index/network:Network"
 
 
 class Mocks(pulumi.runtime.Mocks):
@@ -25,13 +25,10 @@ class Mocks(pulumi.runtime.Mocks):
         outs = dict(args.inputs)
         if args.typ == CONTAINER:
             n = len(self.resources)
-            outs.update(
-                container_id=f"c{n}",
-                ip_address=f"10.9.0.{n}",
-                published_ports={"8080": 30000 + n} if outs.get("ports") else {},
-            )
-        if args.typ == NETWORK:
-            outs["network_id"] = "net-1"
+            outs["networkDatas"] = [{"ipAddress": f"10.9.0.{n}", "networkName": "net"}]
+            outs["ports"] = [
+                {**p, "external": p.get("external") or 30000 + n} for p in outs.get("ports") or []
+            ]
         return [f"{args.name}-id", outs]
 
     def call(self, args: pulumi.runtime.MockCallArgs):
@@ -41,6 +38,10 @@ class Mocks(pulumi.runtime.Mocks):
         return [r for r in self.resources if r.typ == typ]
 
 
+def labels(inputs: dict) -> dict[str, str]:
+    return {item["label"]: item["value"] for item in inputs.get("labels") or []}
+
+
 @pytest.fixture
 def mocks() -> Mocks:
     m = Mocks()
@@ -48,8 +49,13 @@ def mocks() -> Mocks:
     return m
 
 
-def build(config: StackConfig) -> Cluster:
-    return Cluster("cluster", ClusterArgs(config=config, project="trainstack", stack="unit"))
+def build(config: StackConfig, baked: bool = True) -> Cluster:
+    return Cluster(
+        "cluster",
+        ClusterArgs(
+            config=config, project="trainstack", stack="unit", image="sha256:img", baked=baked
+        ),
+    )
 
 
 @pulumi.runtime.test
@@ -90,16 +96,43 @@ def test_containers_carry_labels_limits_hostnames_and_network(mocks):
     def check(_):
         by_host = {c.inputs["hostname"]: c.inputs for c in mocks.of_type(CONTAINER)}
         worker = by_host["worker-1"]
-        assert worker["cpus"] == 0.5
-        assert worker["memory"] == "1536m"
-        assert worker["network"] == "trainstack-unit-net"
-        assert worker["aliases"] == ["worker-1"]
+        assert worker["image"] == "sha256:img"
+        assert worker["cpus"] == "0.5"
+        assert worker["memory"] == 1536
+        assert worker["memorySwap"] == 1536  # no swap, and no diff on every preview
+        assert worker["networksAdvanced"] == [
+            {"name": "trainstack-unit-net", "aliases": ["worker-1"]}
+        ]
         assert worker["restart"] == "unless-stopped"
-        assert worker["labels"][LABEL_STACK] == "trainstack-unit"
-        assert worker["labels"][LABEL_ROLES] == "spark_worker,tensorflow"
-        assert by_host["control-1"]["labels"][LABEL_ROLES] == "zookeeper,spark_master"
+        assert labels(worker)[LABEL_STACK] == "trainstack-unit"
+        assert labels(worker)[LABEL_MANAGED_BY] == MANAGED_BY
+        assert labels(worker)[LABEL_ROLES] == "spark_worker,tensorflow"
+        assert labels(by_host["control-1"])[LABEL_ROLES] == "zookeeper,spark_master"
+        assert by_host["control-1"]["memory"] == 1024
         targets = {m["target"] for m in worker["mounts"]}
         assert {"/srv/trainstack/data", "/srv/trainstack/checkpoints"} <= targets
+        assert all(m["type"] == "volume" for m in worker["mounts"])  # no host folders
+
+    return cluster.nodes.apply(check)
+
+
+@pulumi.runtime.test
+def test_baked_nodes_run_the_image_command_and_others_idle(mocks):
+    cluster = build(StackConfig(), baked=False)
+
+    def check(_):
+        containers = mocks.of_type(CONTAINER)
+        assert [list(c.inputs["command"]) for c in containers] == [["sleep", "infinity"]] * 5
+
+    return cluster.nodes.apply(check)
+
+
+@pulumi.runtime.test
+def test_baked_nodes_keep_the_image_cmd(mocks):
+    cluster = build(StackConfig(), baked=True)
+
+    def check(_):
+        assert all("command" not in c.inputs for c in mocks.of_type(CONTAINER))
 
     return cluster.nodes.apply(check)
 
@@ -112,13 +145,15 @@ def test_only_master_uis_are_published_and_on_loopback(mocks):
         published = {
             c.inputs["hostname"]: c.inputs["ports"]
             for c in mocks.of_type(CONTAINER)
-            if c.inputs["ports"]
+            if c.inputs.get("ports")
         }
         assert set(published) == {"control-1", "control-2"}
         for ports in published.values():
-            assert [(p["internal"], p["host_ip"]) for p in ports] == [(8080, "127.0.0.1")]
-        assert set(urls) == {"control-1", "control-2"}
-        assert all(u.startswith("http://127.0.0.1:") for u in urls.values())
+            assert [(p["internal"], p["ip"]) for p in ports] == [(8080, "127.0.0.1")]
+        assert urls == {
+            "control-1": "http://127.0.0.1:18080",
+            "control-2": "http://127.0.0.1:18081",
+        }
 
     return cluster.ui_urls.apply(check)
 
@@ -140,5 +175,6 @@ def test_outputs_and_inventory_shape(mocks):
             "worker-2",
             "worker-3",
         }
+        assert "trainstack_wheelhouse_mount" not in inventory["all"]["vars"]
 
     return pulumi.Output.all(cluster.nodes, cluster.inventory).apply(check)

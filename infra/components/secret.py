@@ -1,0 +1,45 @@
+"""A random secret made once and kept, encrypted, in the stack's state.
+
+A dynamic provider: the stock `pulumi_random` provider plugin cannot be downloaded or built
+here (docs/provisioning.md), and this is the whole of what the stack needs from it.
+"""
+
+from __future__ import annotations
+
+import secrets
+from typing import Any
+
+import pulumi
+from pulumi.dynamic import CreateResult, DiffResult, Resource, ResourceProvider
+
+
+class _RandomSecretProvider(ResourceProvider):
+    serialize_as_secret_always = False
+
+    def create(self, props: dict[str, Any]) -> CreateResult:
+        value = secrets.token_urlsafe(int(props.get("length") or 32))
+        return CreateResult(secrets.token_hex(8), {**props, "value": value})
+
+    def diff(self, id_: str, olds: dict[str, Any], news: dict[str, Any]) -> DiffResult:
+        changed = [k for k in ("length", "keepers") if olds.get(k) != news.get(k)]
+        return DiffResult(changes=bool(changed), replaces=changed)
+
+
+class RandomSecret(Resource, module="secret", name="RandomSecret"):
+    """A random URL-safe token; `value` is a Pulumi secret."""
+
+    value: pulumi.Output[str]
+
+    def __init__(
+        self,
+        resource_name: str,
+        *,
+        length: int = 32,
+        keepers: dict[str, str] | None = None,
+        opts: pulumi.ResourceOptions | None = None,
+    ) -> None:
+        props = {"length": length, "keepers": keepers or {}, "value": None}
+        opts = pulumi.ResourceOptions.merge(
+            opts, pulumi.ResourceOptions(additional_secret_outputs=["value"])
+        )
+        super().__init__(_RandomSecretProvider(), resource_name, props, opts)

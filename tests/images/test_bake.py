@@ -1,0 +1,233 @@
+"""Bake the node image for real and provision a 1-control + 1-worker cluster from it.
+
+One image is baked for the module (repository ``tsit-node``, removed at the end). Containers
+from it run supervisord as their main process; site.yml then finds every install task `ok`,
+copies no wheels, and a second run changes nothing.
+"""
+
+from __future__ import annotations
+
+import importlib
+import os
+import re
+import sys
+import uuid
+from pathlib import Path
+
+import docker
+import pytest
+import yaml
+
+from infra.provisioning import run_playbook
+from infra.provisioning.inventory import Node
+from tests.provisioning import cluster as cl
+
+from .conftest import TEST_REPOSITORY
+
+REPO = Path(__file__).resolve().parents[2]
+# The package re-exports the function `bake`, which hides the module of the same name.
+b = importlib.import_module("infra.images.bake")
+WHEELHOUSE = Path(os.environ.get("TRAINSTACK_WHEELHOUSE", cl.CACHE / "wheelhouse"))
+VENV_PY = "/opt/trainstack/venv/bin/python"
+pytestmark = pytest.mark.provisioning
+
+
+def _install_task_names() -> set[str]:
+    names: set[str] = set()
+    for path in (REPO / "roles").glob("*/tasks/install.yml"):
+        names |= {t["name"] for t in yaml.safe_load(path.read_text()) or [] if "name" in t}
+    return names
+
+
+def _remove_test_images() -> None:
+    client = docker.from_env()
+    for image in client.images.list(name=TEST_REPOSITORY):
+        for tag in image.tags:
+            if tag.startswith(TEST_REPOSITORY + ":"):
+                client.images.remove(tag, force=True)
+
+
+@pytest.fixture(scope="module")
+def baked(tmp_path_factory):
+    log = tmp_path_factory.mktemp("bake") / "bake.log"
+    try:
+        cl.client()  # engine up, base image present
+        result = b.bake(cl.BASE_IMAGE, TEST_REPOSITORY, WHEELHOUSE, log, force=True)
+    except (RuntimeError, b.BakeError) as exc:
+        pytest.fail(str(exc))
+    print(f"bake: {result.to_json()}", file=sys.stderr)
+    try:
+        yield result, log
+    finally:
+        if os.environ.get("TRAINSTACK_KEEP_CLUSTER") != "1":
+            _remove_test_images()
+
+
+@pytest.fixture(scope="module")
+def node(baked):
+    """One bare container from the image, started with its own CMD (no --init)."""
+    client = docker.from_env()
+    container = client.containers.run(
+        baked[0].tag, detach=True, name=f"tsit-{uuid.uuid4().hex[:6]}", labels={cl.LABEL: "img"}
+    )
+    try:
+        yield container
+    finally:
+        container.remove(force=True)
+
+
+class Events:
+    def __init__(self) -> None:
+        self.items: list = []
+
+    def __call__(self, event) -> None:
+        self.items.append(event)
+        if event.status != "skipped":
+            print(event, file=sys.stderr, flush=True)
+
+
+@pytest.fixture(scope="module")
+def cluster(baked, tmp_path_factory):
+    name = f"tsimg-{uuid.uuid4().hex[:6]}"
+    nodes = [
+        Node(
+            "control-1",
+            ["control", "zookeeper", "spark_master"],
+            f"{name}-control-1",
+            zookeeper_id=1,
+        ),
+        Node(
+            "worker-1",
+            ["workers", "spark_worker", "tensorflow"],
+            f"{name}-worker-1",
+            worker_cores=1,
+            worker_memory="1g",
+        ),
+    ]
+    c = cl.create(name, nodes, image=baked[0].tag, command=None, init=False)
+    workdir = tmp_path_factory.mktemp("image-cluster")
+    inventory = c.inventory(WHEELHOUSE)  # no trainstack_wheelhouse_mount: nothing to copy
+    runs = []
+
+    def run():
+        events = Events()
+        result = run_playbook(
+            inventory, "site.yml", on_event=events, artifacts_dir=workdir / "runner"
+        )
+        print(result.summary(), file=sys.stderr)
+        runs.append((result, events.items))
+        return result, events.items
+
+    try:
+        run()
+        yield c, run, runs
+    finally:
+        if os.environ.get("TRAINSTACK_KEEP_CLUSTER") != "1":
+            cl.destroy(name)
+
+
+def test_bake_commits_a_labelled_image_with_supervisord_as_cmd(baked):
+    result, log = baked
+    assert result.baked and result.tag.startswith(TEST_REPOSITORY + ":")
+    image = docker.from_env().images.get(result.tag)
+    assert image.id == result.image_id
+    assert image.attrs["Config"]["Cmd"] == b.NODE_CMD
+    labels = image.attrs["Config"]["Labels"]
+    assert labels[b.LABEL_IMAGE] == "node"
+    assert labels[b.LABEL_DIGEST] == result.tag.split(":")[1]
+    assert labels.get(b.LABEL_BUILDER) != "true"
+    assert result.size_bytes > 500_000_000
+    assert "Ensure TensorFlow is installed in the virtual environment." in log.read_text()
+    leftovers = docker.from_env().containers.list(
+        all=True, filters={"label": f"{b.LABEL_BUILDER}=true"}
+    )
+    assert not [c.name for c in leftovers if c.name.startswith(TEST_REPOSITORY)]
+
+
+def test_second_bake_reuses_the_tag(baked):
+    again = b.bake(cl.BASE_IMAGE, TEST_REPOSITORY, WHEELHOUSE, baked[1].with_name("x.log"))
+    assert not again.baked and again.tag == baked[0].tag and again.image_id == baked[0].image_id
+
+
+def test_container_runs_supervisord_as_pid1(node):
+    def cmdline():
+        node.reload()
+        return node.exec_run(["cat", "/proc/1/cmdline"]).output.decode()
+
+    assert "supervisord" in cl.wait_for(lambda: "supervisord" in cmdline() and cmdline(), 30)
+    out = cl.wait_for(
+        lambda: (o := node.exec_run(["supervisorctl", "pid"]).output.decode().strip()) == "1" and o,
+        timeout=30,
+        what="supervisorctl pid",
+    )
+    assert out == "1"
+
+
+def test_image_has_java_17_and_the_venv(node):
+    java = node.exec_run(["java", "-version"])
+    assert java.exit_code == 0 and 'version "17.' in java.output.decode()
+    code = (
+        "import importlib.metadata as m, pyspark, tensorflow, trainstack_training;"
+        "print(m.version('pyspark'), m.version('tensorflow-cpu'), m.version('tf-keras'))"
+    )
+    out = node.exec_run([VENV_PY, "-c", code], environment={"TF_CPP_MIN_LOG_LEVEL": "2"})
+    assert out.exit_code == 0, out.output.decode()[-2000:]
+    assert out.output.decode().split()[-3:] == ["4.0.1", "2.21.0", "2.21.0"]
+    # Nothing bake-only left behind: no wheels, no apt archives, no supervisord pid file.
+    ls = node.exec_run(["sh", "-c", "ls /opt/trainstack/wheelhouse /var/cache/apt/archives/*.deb"])
+    assert ".whl" not in ls.output.decode() and ".deb" not in ls.output.decode().replace(
+        "*.deb", ""
+    )
+
+
+def test_provisioning_from_the_image_installs_nothing(cluster):
+    c, _run, runs = cluster
+    first, events = runs[0]
+    assert first.ok, first.summary()
+    install = _install_task_names()
+    changed = sorted(
+        {(e.host, e.task) for e in events if e.status == "changed" and e.task in install}
+    )
+    assert not changed, f"install tasks changed on nodes from the image: {changed}"
+    print(
+        f"first run on the image: {first.duration_s:.0f}s, changed={first.changed()}",
+        file=sys.stderr,
+    )
+    client = docker.from_env()
+    for container in c.containers.values():
+        out = client.containers.get(container).exec_run(
+            ["sh", "-c", "find /opt/trainstack/wheelhouse -type f | wc -l"]
+        )
+        assert out.output.decode().strip() == "0", f"wheels copied to {container}"
+
+
+def test_second_run_changes_nothing(cluster):
+    _c, run, _runs = cluster
+    result, _events = run()
+    assert result.ok, result.summary()
+    assert result.changed() == {"control-1": 0, "worker-1": 0}, result.summary()
+    print(f"second run on the image: {result.duration_s:.0f}s", file=sys.stderr)
+
+
+@pytest.mark.parametrize(
+    ("host", "program"),
+    [("control-1", "zookeeper"), ("control-1", "spark-master"), ("worker-1", "spark-worker")],
+)
+def test_daemons_run_under_the_main_supervisord(cluster, host, program):
+    c, _run, _runs = cluster
+    container = docker.from_env().containers.get(c.containers[host])
+
+    def status():
+        out = container.exec_run(["supervisorctl", "status", program]).output.decode()
+        return re.search(r"RUNNING\s+pid \d+", out) and out
+
+    assert cl.wait_for(status, timeout=60, what=f"{program} RUNNING")
+    # One supervisord, the container's main process.
+    pids = container.exec_run(["pgrep", "-f", "bin/supervisord"]).output.decode().split()
+    assert pids == ["1"], pids
+
+
+def test_clean_keeps_an_image_in_use(cluster, baked):
+    client = docker.from_env()
+    removed, skipped = b._clean(client, TEST_REPOSITORY, keep_digest="other")
+    assert removed == [] and any(baked[0].tag in s for s in skipped), (removed, skipped)

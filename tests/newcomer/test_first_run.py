@@ -1,0 +1,114 @@
+"""The README's first command, once, as a new user runs it: a fresh clone, a fresh HOME.
+
+Download caches are reused to keep CI's time down (pip's, Go's, and the per-user cache of
+built Pulumi binaries); the project's own folders and state are not: the clone has no
+`.venv`, `tools/`, `.pulumi-state/` (so a new passphrase) or stack, and the wheelhouse
+location (under the fresh HOME) is empty. One clone, one `make up`, then `make destroy`.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from tests.pulumi_cli import ROOT, engine_objects
+
+pytestmark = pytest.mark.newcomer
+
+REAL_HOME = Path(os.environ.get("HOME", "/root"))
+DEV_LABEL = "trainstack-dev"  # namePrefix "trainstack", stack "dev": the README's stack
+
+
+def newcomer_env(home: Path) -> dict[str, str]:
+    """The machine's environment with a fresh HOME, keeping only download caches."""
+    keep = {
+        k: v
+        for k, v in os.environ.items()
+        if not k.startswith(("PULUMI_", "VIRTUAL_ENV", "TRAINSTACK_", "PYTEST_"))
+        and k not in ("JAVA_HOME",)
+    }
+    cache = REAL_HOME / ".cache"
+    # A PATH without the project's own tools and venv in front.
+    path = [p for p in keep.get("PATH", "").split(":") if p and str(ROOT) not in p]
+    return {
+        **keep,
+        "HOME": str(home),
+        "PATH": ":".join(path),
+        "PIP_CACHE_DIR": os.environ.get("PIP_CACHE_DIR", str(cache / "pip")),
+        "GOCACHE": os.environ.get("GOCACHE", str(cache / "go-build")),
+        "GOMODCACHE": os.environ.get("GOMODCACHE", str(REAL_HOME / "go" / "pkg" / "mod")),
+        "TRAINSTACK_CACHE": str(cache / "trainstack"),
+    }
+
+
+def run(args: list[str], cwd: Path, env: dict[str, str], log: Path, timeout: int):
+    with log.open("w") as out:
+        proc = subprocess.run(
+            args, cwd=cwd, env=env, stdout=out, stderr=subprocess.STDOUT, timeout=timeout
+        )
+    text = log.read_text()
+    return proc.returncode, text
+
+
+@pytest.fixture(scope="module")
+def clone(tmp_path_factory, engine):
+    leftovers = engine_objects(DEV_LABEL)
+    if any(leftovers.values()):
+        pytest.fail(
+            f"a `{DEV_LABEL}` stack already exists on this engine ({leftovers}); the newcomer "
+            "test runs the README's `make up`, which uses that name: `make destroy` it first"
+        )
+    base = tmp_path_factory.mktemp("newcomer")
+    home = base / "home"
+    home.mkdir()
+    repo = base / "trainstack"
+    subprocess.run(["git", "clone", "-q", str(ROOT), str(repo)], check=True)
+    env = newcomer_env(home)
+    yield repo, env, base
+    # Whatever happened, leave nothing behind.
+    subprocess.run(["make", "destroy"], cwd=repo, env=env, capture_output=True, check=False)
+
+
+def test_make_up_once_trains_and_make_destroy_leaves_nothing(clone, engine):
+    repo, env, base = clone
+    wheelhouse = Path(env["HOME"]) / ".cache" / "trainstack" / "wheelhouse"
+    assert not wheelhouse.exists()
+
+    code, out = run(["make", "up"], repo, env, base / "make-up.log", timeout=3600)
+    assert code == 0, (
+        f"`make up` failed on a fresh clone (log {base / 'make-up.log'}):\n" + out[-6000:]
+    )
+    assert "Traceback" not in out, out[-6000:]
+    assert "validation accuracy" in out
+    assert any(wheelhouse.glob("*/*.whl")), "the wheelhouse was not filled"
+
+    outputs = subprocess.run(
+        ["make", "-s", "outputs"], cwd=repo, env=env, capture_output=True, text=True, check=False
+    )
+    assert outputs.returncode == 0, outputs.stdout + outputs.stderr
+    proc = subprocess.run(
+        ["bash", "-c", 'eval "$(scripts/env.sh)" && pulumi stack output training --json -s dev'],
+        cwd=repo,
+        env=env,
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert proc.returncode == 0, proc.stderr
+    training = json.loads(proc.stdout)
+    assert training["ok"] is True
+    assert training["final_val_accuracy"] >= 0.9, training
+
+    # Nothing the user should commit changed: no stack file, no secret material.
+    status = subprocess.run(
+        ["git", "status", "--porcelain"], cwd=repo, capture_output=True, text=True, check=True
+    )
+    assert status.stdout == "", status.stdout
+
+    code, out = run(["make", "destroy"], repo, env, base / "make-destroy.log", timeout=900)
+    assert code == 0, out[-4000:]
+    assert engine_objects(DEV_LABEL) == {"containers": [], "networks": [], "volumes": []}
