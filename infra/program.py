@@ -78,6 +78,7 @@ def main() -> None:
 
     artifacts = ROOT / ".artifacts" / stack
     wheelhouse = wheelhouse_path(config)
+    tag = config.base_image
     if config.bake_image:
         tag = image_tag(config.image_repository, image_digest(config.base_image, base_id))
         node_image = NodeImage(
@@ -91,11 +92,11 @@ def main() -> None:
             ),
         )
         image_id: pulumi.Output[str] = node_image.image_id
-        pulumi.export("nodeImage", node_image.tag)
+        pulumi.export("nodeImage", node_image.summary)
     else:
         base = docker.RemoteImage("base-image", name=config.base_image, keep_locally=True)
         image_id = base.image_id
-        pulumi.export("nodeImage", config.base_image)
+        pulumi.export("nodeImage", {"tag": config.base_image, "size_bytes": 0, "bake_s": 0.0})
 
     cluster = Cluster(
         "cluster",
@@ -105,6 +106,7 @@ def main() -> None:
             stack=stack,
             image=image_id,
             baked=config.bake_image,
+            image_tag=tag if config.bake_image else None,
         ),
     )
     pulumi.export("sparkMasterUrl", cluster.spark_master_url)

@@ -110,6 +110,7 @@ def inventory(
     nodes: list[NodeSpec],
     addresses: dict[str, str] | None = None,
     wheelhouse_mounted: bool = False,
+    node_image: str | None = None,
 ) -> dict:
     """An Ansible YAML inventory (as a dict) for the local stack's containers.
 
@@ -149,6 +150,9 @@ def inventory(
         "trainstack_spark_master_url": master_url(nodes),
         "trainstack_zookeeper_connect": zookeeper_connect(nodes),
     }
+    if node_image:
+        # The nodes start from this baked image: every install is already done.
+        all_vars["trainstack_node_image"] = node_image
     if wheelhouse_mounted:
         # The roles install from this read-only mount instead of copying the wheels.
         all_vars["trainstack_wheelhouse_mount"] = WHEELHOUSE_MOUNT

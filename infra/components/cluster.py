@@ -23,6 +23,8 @@ class ClusterArgs:
     image: pulumi.Input[str]
     # Whether `image` is the baked node image (its CMD runs supervisord).
     baked: bool = True
+    # The baked image's tag (repository:digest), recorded in the inventory.
+    image_tag: str | None = None
 
 
 class Cluster(pulumi.ComponentResource):
@@ -116,7 +118,9 @@ class Cluster(pulumi.ComponentResource):
             ]
         )
         self.inventory = addresses.apply(
-            lambda a: topology.inventory(config, prefix, plan, addresses=a)
+            lambda a: topology.inventory(
+                config, prefix, plan, addresses=a, node_image=args.image_tag if args.baked else None
+            )
         )
         self.register_outputs(
             {

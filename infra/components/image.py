@@ -99,6 +99,7 @@ class _BakeProvider(ResourceProvider):
 class _ImageBake(Resource, module="image", name="Bake"):
     image_id: pulumi.Output[str]
     size_bytes: pulumi.Output[int]
+    bake_s: pulumi.Output[float]
 
     def __init__(self, name: str, props: dict[str, Any], opts: pulumi.ResourceOptions) -> None:
         super().__init__(
@@ -151,5 +152,8 @@ class NodeImage(pulumi.ComponentResource):
         )
         self.tag = image.name
         self.image_id = image.image_id
-        self.size_bytes = bake.size_bytes
+        # What the bake that made the image took (0 when the engine already had it).
+        self.summary = pulumi.Output.all(image.name, bake.size_bytes, bake.bake_s).apply(
+            lambda v: {"tag": v[0], "size_bytes": int(v[1] or 0), "bake_s": float(v[2] or 0)}
+        )
         self.register_outputs({"tag": self.tag, "image_id": self.image_id})

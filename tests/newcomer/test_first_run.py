@@ -3,7 +3,8 @@
 Download caches are reused to keep CI's time down (pip's, Go's, and the per-user cache of
 built Pulumi binaries); the project's own folders and state are not: the clone has no
 `.venv`, `tools/`, `.pulumi-state/` (so a new passphrase) or stack, and the wheelhouse
-location (under the fresh HOME) is empty. One clone, one `make up`, then `make destroy`.
+location (under the fresh HOME) is empty, and the node image of this tree is removed so that
+`make up` bakes it. One clone, one `make up`, then `make destroy`.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ import os
 import subprocess
 from pathlib import Path
 
+import docker
 import pytest
 
 from tests.pulumi_cli import ROOT, engine_objects
@@ -62,6 +64,17 @@ def clone(tmp_path_factory, engine):
             f"a `{DEV_LABEL}` stack already exists on this engine ({leftovers}); the newcomer "
             "test runs the README's `make up`, which uses that name: `make destroy` it first"
         )
+    # A new machine has no node image either: remove this tree's tag (no container of the
+    # tests uses it between modules), so `make up` bakes it as a newcomer's would.
+    from infra.images.bake import current_digest, image_tag
+
+    tag = image_tag(digest=current_digest())
+    try:
+        engine.images.remove(tag, noprune=False)
+    except docker.errors.ImageNotFound:
+        pass
+    except docker.errors.APIError as exc:
+        pytest.fail(f"could not remove {tag} to bake it afresh ({exc}); is a stack still using it?")
     base = tmp_path_factory.mktemp("newcomer")
     home = base / "home"
     home.mkdir()
@@ -84,6 +97,7 @@ def test_make_up_once_trains_and_make_destroy_leaves_nothing(clone, engine):
     )
     assert "Traceback" not in out, out[-6000:]
     assert "validation accuracy" in out
+    assert "builder container trainstack-node-builder-" in out, "the node image was not baked"
     assert any(wheelhouse.glob("*/*.whl")), "the wheelhouse was not filled"
 
     outputs = subprocess.run(

@@ -37,6 +37,8 @@ def test_strings_from_pulumi_config_are_typed():
         ({"workerSparkMemory": "4g"}, ["trainstack:workerSparkMemory", "more than"]),
         ({"namePrefix": "Bad_Name"}, ["trainstack:namePrefix", "'Bad_Name'", "lowercase"]),
         ({"uiPortBase": "80"}, ["trainstack:uiPortBase", "80", "1024.."]),
+        ({"imageRepository": "Trainstack Node"}, ["trainstack:imageRepository", "lowercase"]),
+        ({"bakeImage": "perhaps"}, ["trainstack:bakeImage", "'perhaps'", "not a bool"]),
         ({"bindAddress": "localhost"}, ["trainstack:bindAddress", "'localhost'", "IPv4"]),
     ],
 )

@@ -43,3 +43,12 @@ def test_inventory_groups_and_host_vars():
     assert inv["all"]["vars"]["trainstack_zookeeper_connect"] == (
         "control-1:2181,control-2:2181,control-3:2181"
     )
+
+
+def test_inventory_names_the_node_image_only_when_nodes_start_from_it():
+    config = StackConfig()
+    plan = topology.plan(config)
+    plain = topology.inventory(config, "trainstack-dev", plan)
+    assert "trainstack_node_image" not in plain["all"]["vars"]
+    baked = topology.inventory(config, "trainstack-dev", plan, node_image="trainstack-node:abc")
+    assert baked["all"]["vars"]["trainstack_node_image"] == "trainstack-node:abc"
