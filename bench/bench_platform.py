@@ -29,9 +29,12 @@ def reprovision(stack: Stack, outputs: dict) -> dict:
     import json
     import subprocess
 
+    from infra.components.provisioning import integral
+
     with tempfile.TemporaryDirectory() as tmp:
         inventory = Path(tmp) / "inventory.json"
-        inventory.write_text(json.dumps(outputs["inventory"]))
+        # As the provisioning resource does: numbers come back from the engine as floats.
+        inventory.write_text(json.dumps(integral(outputs["inventory"])))
         node = outputs["nodes"][0]["container"]
         secret = subprocess.run(
             [

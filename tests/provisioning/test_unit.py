@@ -190,3 +190,29 @@ def test_stats_normalized_per_host():
     )
     assert stats["a"]["ok"] == 3 and stats["a"]["changed"] == 1 and stats["b"]["unreachable"] == 1
     assert stats["b"]["changed"] == 0
+
+
+def test_zookeeper_config_does_not_follow_the_inventory_host_order():
+    """The inventory crosses Pulumi as a map: its host order may change between runs, and a
+    reordered zoo.cfg would restart every ZooKeeper server for nothing."""
+    import jinja2
+
+    source = Path(__file__).resolve().parents[2] / "roles/zookeeper/templates/zoo.cfg.j2"
+    template = jinja2.Environment(trim_blocks=True).from_string(source.read_text())
+    hostvars = {
+        f"control-{i}": {"trainstack_zookeeper_id": i, "trainstack_node_address": f"control-{i}"}
+        for i in (1, 2, 3)
+    }
+
+    def render(order: list[str]) -> str:
+        return template.render(
+            groups={"zookeeper": order},
+            zookeeper_group="zookeeper",
+            hostvars=hostvars,
+            zookeeper_peer_port=2888,
+            zookeeper_election_port=3888,
+        )
+
+    first = render(["control-1", "control-2", "control-3"])
+    assert "server.2=control-2:2888:3888" in first
+    assert render(["control-2", "control-1", "control-3"]) == first
