@@ -70,7 +70,7 @@ def check_no_legacy_stack(client: Any, prefix: str) -> None:
         )
 
 
-def check_ports_free(client: Any, wanted: dict[str, tuple[str, int]], prefix: str) -> None:
+def check_ports_free(client: Any, wanted: dict[str, tuple[str, int]]) -> None:
     """Every fixed host port is free, or already published by this stack's own node.
 
     `wanted` maps a node's container name to (host address, port). Checked before anything

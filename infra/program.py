@@ -58,7 +58,6 @@ def preflight(config: stack_config.StackConfig, prefix: str) -> str:
             for spec in topology.plan(config)
             if spec.ui_port
         },
-        prefix,
     )
     return base_id
 
@@ -78,9 +77,11 @@ def main() -> None:
 
     artifacts = ROOT / ".artifacts" / stack
     wheelhouse = wheelhouse_path(config)
-    tag = config.base_image
+    node_image_tag: str | None = None
     if config.bake_image:
-        tag = image_tag(config.image_repository, image_digest(config.base_image, base_id))
+        tag = node_image_tag = image_tag(
+            config.image_repository, image_digest(config.base_image, base_id)
+        )
         node_image = NodeImage(
             "node-image",
             NodeImageArgs(
@@ -105,8 +106,7 @@ def main() -> None:
             project=pulumi.get_project(),
             stack=stack,
             image=image_id,
-            baked=config.bake_image,
-            image_tag=tag if config.bake_image else None,
+            node_image_tag=node_image_tag,
         ),
     )
     pulumi.export("sparkMasterUrl", cluster.spark_master_url)

@@ -109,7 +109,6 @@ def inventory(
     prefix: str,
     nodes: list[NodeSpec],
     addresses: dict[str, str] | None = None,
-    wheelhouse_mounted: bool = False,
     node_image: str | None = None,
 ) -> dict:
     """An Ansible YAML inventory (as a dict) for the local stack's containers.
@@ -153,7 +152,4 @@ def inventory(
     if node_image:
         # The nodes start from this baked image: every install is already done.
         all_vars["trainstack_node_image"] = node_image
-    if wheelhouse_mounted:
-        # The roles install from this read-only mount instead of copying the wheels.
-        all_vars["trainstack_wheelhouse_mount"] = WHEELHOUSE_MOUNT
     return {"all": {"vars": all_vars, "children": groups}}

@@ -21,10 +21,9 @@ class ClusterArgs:
     stack: str
     # The image every node starts from (an id): the baked node image, or the base image.
     image: pulumi.Input[str]
-    # Whether `image` is the baked node image (its CMD runs supervisord).
-    baked: bool = True
-    # The baked image's tag (repository:digest), recorded in the inventory.
-    image_tag: str | None = None
+    # The baked node image's tag (repository:digest) when `image` is it (its CMD runs
+    # supervisord; the inventory records it); None when nodes start from the base image.
+    node_image_tag: str | None = None
 
 
 class Cluster(pulumi.ComponentResource):
@@ -77,7 +76,7 @@ class Cluster(pulumi.ComponentResource):
                     spec=spec,
                     prefix=prefix,
                     image=args.image,
-                    baked=args.baked,
+                    baked=args.node_image_tag is not None,
                     network_name=network.name,
                     labels=labels,
                     memory_bytes=(
@@ -119,7 +118,7 @@ class Cluster(pulumi.ComponentResource):
         )
         self.inventory = addresses.apply(
             lambda a: topology.inventory(
-                config, prefix, plan, addresses=a, node_image=args.image_tag if args.baked else None
+                config, prefix, plan, addresses=a, node_image=args.node_image_tag
             )
         )
         self.register_outputs(

@@ -53,7 +53,11 @@ def build(config: StackConfig, baked: bool = True) -> Cluster:
     return Cluster(
         "cluster",
         ClusterArgs(
-            config=config, project="trainstack", stack="unit", image="sha256:img", baked=baked
+            config=config,
+            project="trainstack",
+            stack="unit",
+            image="sha256:img",
+            node_image_tag="trainstack-node:abc" if baked else None,
         ),
     )
 
