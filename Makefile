@@ -35,19 +35,20 @@ images: setup ## Bake the node image trainstack-node:<digest> (no stack needed; 
 clean-images: setup ## Remove node images of other digests than the current one.
 	@$(ENV); python -m infra.images clean
 
-test: setup lint ## The whole test suite: lint, unit, engine, images, provisioning, training, e2e, newcomer.
+test: setup lint ## The whole test suite: lint, unit, engine, images, provisioning, training, e2e, monitoring, newcomer.
 	@$(ENV); pytest $(PYTEST_ARGS)
 
 unit: setup ## Fast tests only (no engine).
 	@$(ENV); pytest -m unit $(PYTEST_ARGS)
 
-lint: setup ## ruff, ruff format --check, mypy, yamllint, ansible-lint.
+lint: setup ## ruff, ruff format --check, mypy, yamllint, ansible-lint, promtool check (config, rules).
 	@$(ENV); set -e; \
 	  ruff check .; \
 	  ruff format --check .; \
 	  mypy infra training; \
 	  yamllint -s .; \
-	  ansible-lint
+	  ansible-lint; \
+	  python -m infra.monitoring check
 
 format: setup ## Apply ruff's fixes and formatting.
 	@$(ENV); ruff check --fix .; ruff format .

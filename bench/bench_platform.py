@@ -7,6 +7,8 @@ splits the first `up` into phases: the node image (0 when the engine has it), se
 provisioning, the job's data stage and training (the rest of the job: Spark start-up,
 copying results). `--rebake` removes the current node image first, so the first `up`
 bakes it; a second provisioning run is timed and its changed count reported.
+`--no-boost-too` then provisions a second stack with `provisionCpuBoost=false` (servers and
+provisioning only), for the effect of the start-up CPU boost side by side.
 """
 
 from __future__ import annotations
@@ -80,6 +82,11 @@ def main() -> None:
     parser.add_argument("--out", type=Path, help="write the JSON here too")
     parser.add_argument("--epochs", type=int, default=10)
     parser.add_argument("--rebake", action="store_true", help="bake the node image again")
+    parser.add_argument(
+        "--no-boost-too",
+        action="store_true",
+        help="also provision a second stack with provisionCpuBoost=false (servers only)",
+    )
     args = parser.parse_args()
     if args.rebake:
         import docker
@@ -102,6 +109,17 @@ def main() -> None:
             destroy = timed(lambda: stack.run("destroy", "--yes"))
         finally:
             stack.destroy_and_remove()
+
+    without_boost = None
+    if args.no_boost_too:
+        with tempfile.TemporaryDirectory() as state:
+            other = Stack(Path(state), prefix="tsbench")
+            other.init(uiPortBase="0", train="false", provisionCpuBoost="false")
+            try:
+                other.up()
+                without_boost = float(other.outputs()["provisioning"]["duration_s"])
+            finally:
+                other.destroy_and_remove()
 
     training = outputs["training"]
     provisioning = float(outputs["provisioning"]["duration_s"])
@@ -129,6 +147,7 @@ def main() -> None:
             h: s["changed"] for h, s in outputs["provisioning"]["hosts"].items()
         },
         "second_provisioning": second,
+        "provisioning_without_cpu_boost_s": without_boost,
         "up_no_change_s": no_change,
         "destroy_s": destroy,
         "cpus": os.cpu_count(),

@@ -17,6 +17,19 @@ NAMESPACE = "trainstack"
 _SIZE = re.compile(r"^(\d+(?:\.\d+)?)([kmg]?)b?$", re.IGNORECASE)
 _NAME = re.compile(r"^[a-z0-9][a-z0-9-]{0,30}$")
 _UNITS = {"": 1, "k": 1024, "m": 1024**2, "g": 1024**3}
+# trainstack:monitoringPort -1 (the default) puts Prometheus's UI at uiPortBase + this: 19090.
+MONITORING_PORT_OFFSET = 1010
+# A Prometheus duration with one unit: 30s, 5m, 2h, 7d.
+_DURATION = re.compile(r"^(\d+)(ms|s|m|h|d|w|y)$")
+_DURATION_SECONDS = {
+    "ms": 0.001,
+    "s": 1,
+    "m": 60,
+    "h": 3600,
+    "d": 86400,
+    "w": 7 * 86400,
+    "y": 365 * 86400,
+}
 
 
 class ConfigError(ValueError):
@@ -29,6 +42,14 @@ def parse_size(value: str) -> int:
     if not match:
         raise ValueError(value)
     return int(float(match.group(1)) * _UNITS[match.group(2).lower()])
+
+
+def parse_duration(value: str) -> float:
+    """Seconds in a Prometheus duration with one unit: '15s', '5m', '2d'."""
+    match = _DURATION.match(value.strip())
+    if not match:
+        raise ValueError(value)
+    return int(match.group(1)) * _DURATION_SECONDS[match.group(2)]
 
 
 def _camel(name: str) -> str:
@@ -62,13 +83,22 @@ class StackConfig:
     retain_data: bool = False
     wheelhouse: str = "~/.cache/trainstack/wheelhouse"
     provision: bool = True
+    provision_cpu_boost: bool = True
     train: bool = True
     train_epochs: int = 10
     train_workers: int = 0
     train_batch_size: int = 32
     train_data: str = "digits"
     train_rows: int = 0
+    train_strategy: str = "multi-worker"
     retrain: str = ""
+    # Monitoring (docs/monitoring.md): Prometheus on the first control node.
+    monitoring: bool = True
+    monitoring_port: int = -1  # -1: uiPortBase + 1010 (19090), or 0 when uiPortBase is 0
+    monitoring_retention: str = "2d"
+    monitoring_scrape_interval: str = "5s"
+    monitoring_alert_for: str = "1m"
+    monitoring_progress_timeout: str = "10m"
 
     @classmethod
     def config_keys(cls) -> dict[str, str]:
@@ -117,8 +147,23 @@ class StackConfig:
         return parse_size(self.worker_memory)
 
     @property
+    def monitoring_host_port(self) -> int:
+        """Host port of Prometheus's UI: as set, or next to the Spark UIs' (engine-picked
+        with them), so stacks that let the engine pick their ports never collide."""
+        if self.monitoring_port != -1:
+            return self.monitoring_port
+        return self.ui_port_base + MONITORING_PORT_OFFSET if self.ui_port_base else 0
+
+    @property
+    def monitoring_progress_timeout_seconds(self) -> int:
+        return int(parse_duration(self.monitoring_progress_timeout))
+
+    @property
     def training_workers(self) -> int:
-        """TensorFlow workers of a run: as configured, or one per worker node."""
+        """TensorFlow workers of a run: as configured, or one per worker node; one with the
+        `single` strategy."""
+        if self.train_strategy == "single":
+            return 1
         return self.train_workers or self.workers
 
 
@@ -248,11 +293,57 @@ def _training_slots(c: StackConfig) -> str | None:
     return None
 
 
+TRAIN_STRATEGIES = ("multi-worker", "single")
+
+
+def _train_strategy(c: StackConfig) -> str | None:
+    if c.train_strategy not in TRAIN_STRATEGIES:
+        return (
+            f"{_key('train_strategy')}: {c.train_strategy!r} is not a training strategy; "
+            f"allowed: {', '.join(TRAIN_STRATEGIES)}"
+        )
+    return None
+
+
 def _training_needs_provisioning(c: StackConfig) -> str | None:
     if c.train and not c.provision:
         return (
             f"{_key('train')}: true needs {_key('provision')}: true (the job runs on "
             "provisioned nodes); set trainstack:train false too"
+        )
+    return None
+
+
+def _duration_check(attr: str, low: float) -> Callable[[StackConfig], str | None]:
+    def check(c: StackConfig) -> str | None:
+        value = getattr(c, attr)
+        try:
+            seconds = parse_duration(value)
+        except ValueError:
+            return (
+                f"{_key(attr)}: {value!r} is not a duration; use a number with one unit "
+                "of ms, s, m, h, d, w, y (e.g. 30s, 5m, 2d)"
+            )
+        if seconds < low:
+            return f"{_key(attr)}: {value!r} is below the minimum of {low:g}s"
+        return None
+
+    return check
+
+
+def _monitoring_port(c: StackConfig) -> str | None:
+    port = c.monitoring_host_port
+    if c.monitoring_port < -1 or (port != 0 and not 1024 <= port <= 65535):
+        return (
+            f"{_key('monitoring_port')}: {c.monitoring_port} gives port {port}, out of range; "
+            "allowed is -1 (uiPortBase + 1010, or engine-picked when uiPortBase is 0), 0 (the "
+            "engine picks a free port) or 1024..65535"
+        )
+    if port and c.ui_port_base and c.ui_port_base <= port < c.ui_port_base + c.masters:
+        return (
+            f"{_key('monitoring_port')}: {port} is one of the Spark master UI ports "
+            f"({_key('ui_port_base')} {c.ui_port_base} and the next {c.masters - 1}); "
+            "choose another port"
         )
     return None
 
@@ -279,7 +370,13 @@ _CHECKS: list[Callable[[StackConfig], str | None]] = [
     _min("train_batch_size", 1),
     _min("train_rows", 0),
     _training_slots,
+    _train_strategy,
     _training_needs_provisioning,
+    _monitoring_port,
+    _duration_check("monitoring_retention", 3600),
+    _duration_check("monitoring_scrape_interval", 1),
+    _duration_check("monitoring_alert_for", 0),
+    _duration_check("monitoring_progress_timeout", 60),
 ]
 
 

@@ -2,11 +2,18 @@
 resource is declared (engine answers, base image present, ports free, no legacy stack).
 
 The resources themselves are `pulumi_docker`'s; this module only looks, it never creates.
+The one change it makes is temporary: `cpu_boost` lifts the nodes' CPU limits while they are
+provisioned and puts back exactly what the containers had.
 """
 
 from __future__ import annotations
 
+import contextlib
+import os
+import shutil
 import socket
+import subprocess
+from collections.abc import Iterator
 from typing import Any
 
 from infra.topology import LABEL_MANAGED_BY, LABEL_STACK, MANAGED_BY
@@ -70,7 +77,12 @@ def check_no_legacy_stack(client: Any, prefix: str) -> None:
         )
 
 
-def check_ports_free(client: Any, wanted: dict[str, tuple[str, int]]) -> None:
+def check_ports_free(
+    client: Any,
+    wanted: dict[str, tuple[str, int]],
+    what: str = "Spark UI",
+    key: str = "trainstack:uiPortBase",
+) -> None:
     """Every fixed host port is free, or already published by this stack's own node.
 
     `wanted` maps a node's container name to (host address, port). Checked before anything
@@ -86,8 +98,8 @@ def check_ports_free(client: Any, wanted: dict[str, tuple[str, int]]) -> None:
             except OSError as exc:
                 raise EngineError(
                     f"port {host_ip}:{port} on the host is already in use ({exc.strerror}),"
-                    f" wanted for {container}'s Spark UI; free it, or change "
-                    "trainstack:uiPortBase (0 lets the engine pick free ports)"
+                    f" wanted for {container}'s {what}; free it, or change "
+                    f"{key} (0 lets the engine pick free ports)"
                 ) from None
 
 
@@ -98,3 +110,44 @@ def _published_by(client: Any, container: str, port: int) -> bool:
         return False
     bindings = (found.attrs.get("HostConfig") or {}).get("PortBindings") or {}
     return any(str(b.get("HostPort")) == str(port) for bs in bindings.values() for b in bs or [])
+
+
+def _set_cpus(containers: dict[str, int]) -> None:
+    """`docker update --cpus` per container (nano-CPUs); the SDK has no call for NanoCpus."""
+    docker_cli = shutil.which("docker") or "docker"
+    for name, nano in containers.items():
+        proc = subprocess.run(
+            [docker_cli, "update", "--cpus", f"{nano / 1e9:g}", name],
+            capture_output=True,
+            text=True,
+            check=False,
+        )
+        if proc.returncode != 0:
+            raise EngineError(
+                f"could not set the CPU limit of {name} to {nano / 1e9:g}: "
+                f"{(proc.stderr or proc.stdout).strip()}"
+            )
+
+
+@contextlib.contextmanager
+def cpu_boost(containers: list[str], cpus: float | None = None) -> Iterator[dict[str, float]]:
+    """Run the block with the CPU limit of `containers` raised to `cpus` (default: every CPU
+    of the engine's host), then give each container back the limit it had.
+
+    Provisioning starts every daemon of a node at once (JVMs for ZooKeeper and Spark) while
+    Ansible runs its modules there; under a limit of a fraction of a CPU that start-up is
+    what takes the time, as for Kubernetes' start-up CPU boost. Containers without a limit
+    are left alone. Yields {container: limit it had, in CPUs}.
+    """
+    client = docker_client()
+    target = int((cpus or float(client.info().get("NCPU") or os.cpu_count() or 1)) * 1e9)
+    before: dict[str, int] = {}
+    for name in containers:
+        nano = int((client.containers.get(name).attrs.get("HostConfig") or {}).get("NanoCpus") or 0)
+        if 0 < nano < target:
+            before[name] = nano
+    try:
+        _set_cpus(dict.fromkeys(before, target))
+        yield {name: nano / 1e9 for name, nano in before.items()}
+    finally:
+        _set_cpus(before)

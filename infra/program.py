@@ -59,6 +59,16 @@ def preflight(config: stack_config.StackConfig, prefix: str) -> str:
             if spec.ui_port
         },
     )
+    engine.check_ports_free(
+        client,
+        {
+            f"{prefix}-{spec.key}": (config.bind_address, spec.monitoring_port)
+            for spec in topology.plan(config)
+            if spec.monitoring_port
+        },
+        what="Prometheus UI",
+        key="trainstack:monitoringPort",
+    )
     return base_id
 
 
@@ -111,6 +121,8 @@ def main() -> None:
     )
     pulumi.export("sparkMasterUrl", cluster.spark_master_url)
     pulumi.export("sparkUiUrls", cluster.ui_urls)
+    if cluster.monitoring_url is not None:
+        pulumi.export("monitoringUrl", cluster.monitoring_url)
     pulumi.export("nodes", cluster.nodes)
     pulumi.export("network", cluster.network_name)
     pulumi.export("inventory", cluster.inventory)
@@ -124,6 +136,7 @@ def main() -> None:
             spark_auth_secret=cluster.spark_auth_secret,
             wheelhouse=str(wheelhouse),
             artifacts_dir=str(artifacts / "ansible"),
+            cpu_boost=config.provision_cpu_boost,
         ),
         opts=pulumi.ResourceOptions(depends_on=[cluster]),
     )
@@ -139,6 +152,9 @@ def main() -> None:
         "batch_size": config.train_batch_size,
         "data": config.train_data,
         "rows": config.train_rows,
+        "strategy": config.train_strategy,
+        # single: the one TensorFlow worker takes all of its executor's cores
+        "cores_per_worker": config.worker_spark_cores if config.train_strategy == "single" else 1,
         "spark_conf": DRIVER_CONF,
     }
     training = Training(
@@ -149,6 +165,9 @@ def main() -> None:
             settings=settings,
             trigger=training_trigger(config, settings),
             host_artifacts_dir=str(artifacts / "training"),
+            monitoring=cluster.monitoring_url,
+            node_cpus={spec.key: spec.cpus for spec in topology.plan(config)},
+            scrape_interval=config.monitoring_scrape_interval,
         ),
         opts=pulumi.ResourceOptions(depends_on=[provisioning]),
     )

@@ -13,6 +13,9 @@ from infra.config import StackConfig
 SPARK_MASTER_PORT = 7077
 SPARK_MASTER_UI_PORT = 8080
 ZOOKEEPER_CLIENT_PORT = 2181
+PROMETHEUS_PORT = 9090
+PUSHGATEWAY_PORT = 9091
+MONITORING_ROLE = "monitoring"
 
 # Where the roles expect each volume (docs/provisioning.md is the contract).
 SHARED_MOUNTS = {
@@ -45,11 +48,16 @@ class NodeSpec:
     memory: str
     zookeeper_id: int | None = None
     ui_port: int | None = None  # host port for the Spark master UI; 0: the engine picks
+    monitoring_port: int | None = None  # host port for Prometheus's UI; 0: the engine picks
     volumes: dict[str, str] = field(default_factory=dict)  # volume suffix -> mount path
 
     @property
     def is_master(self) -> bool:
         return "spark_master" in self.roles
+
+    @property
+    def is_monitoring(self) -> bool:
+        return MONITORING_ROLE in self.roles
 
 
 def plan(config: StackConfig) -> list[NodeSpec]:
@@ -59,17 +67,25 @@ def plan(config: StackConfig) -> list[NodeSpec]:
         volumes = {f"zookeeper-control-{i}": ZOOKEEPER_MOUNT}
         if master:
             volumes[f"spark-recovery-control-{i}"] = SPARK_RECOVERY_MOUNT
+        roles: tuple[str, ...] = ("zookeeper", "spark_master") if master else ("zookeeper",)
+        # Prometheus lives on the first control node: it is never scaled away (workers come
+        # and go with trainstack:workers, taking their targets with them), and it keeps the
+        # scraping off the workers whose CPU and memory the utilisation picture measures.
+        monitoring = config.monitoring and i == 1
+        if monitoring:
+            roles += (MONITORING_ROLE,)
         nodes.append(
             NodeSpec(
                 key=f"control-{i}",
                 group="control",
-                roles=("zookeeper", "spark_master") if master else ("zookeeper",),
+                roles=roles,
                 cpus=config.control_cpus,
                 memory=config.control_memory,
                 zookeeper_id=i,
                 ui_port=(config.ui_port_base + i - 1 if config.ui_port_base else 0)
                 if master
                 else None,
+                monitoring_port=config.monitoring_host_port if monitoring else None,
                 volumes=volumes,
             )
         )
@@ -100,6 +116,30 @@ def zookeeper_connect(nodes: list[NodeSpec]) -> str:
     return ",".join(f"{n.key}:{ZOOKEEPER_CLIENT_PORT}" for n in nodes if n.zookeeper_id)
 
 
+def monitoring_node(nodes: list[NodeSpec]) -> NodeSpec | None:
+    return next((n for n in nodes if n.is_monitoring), None)
+
+
+def monitoring_vars(config: StackConfig, nodes: list[NodeSpec]) -> dict:
+    """Inventory variables of the monitoring roles (docs/monitoring.md)."""
+    node = monitoring_node(nodes)
+    if node is None:
+        return {"trainstack_monitoring_enabled": False}
+    workers = [n.key for n in nodes if "spark_worker" in n.roles]
+    return {
+        "trainstack_monitoring_enabled": True,
+        "trainstack_monitoring_scrape_interval": config.monitoring_scrape_interval,
+        "trainstack_monitoring_retention": config.monitoring_retention,
+        "trainstack_monitoring_alert_for": config.monitoring_alert_for,
+        "trainstack_monitoring_progress_timeout_seconds": (
+            config.monitoring_progress_timeout_seconds
+        ),
+        "trainstack_pushgateway_url": f"http://{node.key}:{PUSHGATEWAY_PORT}",
+        # The training job's driver runs on the first worker (its UI has the executors' metrics).
+        "trainstack_spark_driver_host": workers[0] if workers else "",
+    }
+
+
 def labels(project: str, prefix: str, **extra: str) -> dict[str, str]:
     return {LABEL_PROJECT: project, LABEL_STACK: prefix, LABEL_MANAGED_BY: MANAGED_BY, **extra}
 
@@ -126,6 +166,7 @@ def inventory(
             "spark_master",
             "spark_worker",
             "tensorflow",
+            MONITORING_ROLE,
         )
     }
     for node in nodes:
@@ -149,6 +190,7 @@ def inventory(
         "trainstack_spark_master_url": master_url(nodes),
         "trainstack_zookeeper_connect": zookeeper_connect(nodes),
     }
+    all_vars.update(monitoring_vars(config, nodes))
     if node_image:
         # The nodes start from this baked image: every install is already done.
         all_vars["trainstack_node_image"] = node_image

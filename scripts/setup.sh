@@ -370,6 +370,26 @@ step_python_env() {
   echo "virtual environment $VENV ready ($("$VENV/bin/python" --version))"
 }
 
+step_promtool() {
+  # promtool checks the Prometheus config and alert rules in `make lint`. It comes from the
+  # same Debian package the nodes run (prometheus), unpacked here: no daemon on this machine.
+  if "$BIN/promtool" --version >/dev/null 2>&1; then
+    echo "promtool present: $("$BIN/promtool" --version 2>&1 | head -n 1)"
+    return
+  fi
+  local work
+  work=$(mktemp -d)
+  if [ ! -f "$STATE/apt-updated" ] && [ "$(id -u)" = 0 ]; then
+    log_cmd apt-get update -qq
+    touch "$STATE/apt-updated"
+  fi
+  (cd "$work" && log_cmd apt-get download -qq prometheus)
+  log_cmd dpkg-deb -x "$(ls "$work"/prometheus_*.deb)" "$work/root"
+  install -m 0755 "$work/root/usr/bin/promtool" "$BIN/promtool"
+  rm -rf "$work"
+  echo "promtool installed in $BIN: $("$BIN/promtool" --version 2>&1 | head -n 1)"
+}
+
 step_pulumi_backend() {
   mkdir -p "$ROOT/.pulumi-state"
   chmod 0700 "$ROOT/.pulumi-state"
@@ -390,7 +410,7 @@ step_check() {
     "python $("$VENV/bin/python" --version 2>&1 | cut -d' ' -f2)"
 }
 
-ALL_STEPS=(os_packages java docker_engine base_image pulumi_cli python_env pulumi_python_host
+ALL_STEPS=(os_packages java docker_engine base_image pulumi_cli python_env promtool pulumi_python_host
   pulumi_docker_provider pulumi_backend check)
 steps=("$@")
 [ ${#steps[@]} -gt 0 ] || steps=("${ALL_STEPS[@]}")

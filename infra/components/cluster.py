@@ -32,6 +32,7 @@ class Cluster(pulumi.ComponentResource):
     nodes: pulumi.Output[list[dict]]
     spark_master_url: str
     ui_urls: pulumi.Output[dict[str, str]]
+    monitoring_url: pulumi.Output[str] | None
     inventory: pulumi.Output[dict]
     spark_auth_secret: pulumi.Output[str]
 
@@ -103,6 +104,14 @@ class Cluster(pulumi.ComponentResource):
 
         self.ui_urls = ports.apply(
             lambda p: {k: f"http://{shown_host}:{port}" for k, port in p.items() if port}
+        )
+        monitor = topology.monitoring_node(plan)
+        self.monitoring_url = (
+            nodes[monitor.key].monitoring_port.apply(
+                lambda port: f"http://{shown_host}:{port}" if port else ""
+            )
+            if monitor
+            else None
         )
         self.nodes = pulumi.Output.all(addresses, container_ids).apply(
             lambda ac: [

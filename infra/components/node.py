@@ -11,6 +11,7 @@ from infra.topology import (
     LABEL_DATA,
     LABEL_NODE,
     LABEL_ROLES,
+    PROMETHEUS_PORT,
     SPARK_MASTER_UI_PORT,
     NodeSpec,
 )
@@ -51,6 +52,7 @@ class Node(pulumi.ComponentResource):
     container_id: pulumi.Output[str]
     address: pulumi.Output[str]
     ui_port: pulumi.Output[int | None]
+    monitoring_port: pulumi.Output[int | None]
 
     def __init__(
         self, name: str, args: NodeArgs, opts: pulumi.ResourceOptions | None = None
@@ -82,6 +84,14 @@ class Node(pulumi.ComponentResource):
                 docker.ContainerPortArgs(
                     internal=SPARK_MASTER_UI_PORT,
                     external=spec.ui_port or None,
+                    ip=args.bind_address,
+                )
+            )
+        if spec.monitoring_port is not None:
+            ports.append(
+                docker.ContainerPortArgs(
+                    internal=PROMETHEUS_PORT,
+                    external=spec.monitoring_port or None,
                     ip=args.bind_address,
                 )
             )
@@ -119,6 +129,12 @@ class Node(pulumi.ComponentResource):
                     for p in ps or []
                     if p.internal == SPARK_MASTER_UI_PORT and p.external
                 ),
+                None,
+            )
+        )
+        self.monitoring_port = container.ports.apply(
+            lambda ps: next(
+                (int(p.external) for p in ps or [] if p.internal == PROMETHEUS_PORT and p.external),
                 None,
             )
         )

@@ -20,6 +20,7 @@ from typing import Any
 import pulumi
 from pulumi.dynamic import CreateResult, DiffResult, Resource, ResourceProvider, UpdateResult
 
+from infra.engine import EngineError, cpu_boost
 from infra.errors import UserFacingError, short_provider_errors, write_details
 from infra.provisioning.__main__ import SECRET_ENV
 
@@ -54,6 +55,24 @@ def tree_digest(root: Path = ROOT, sources: tuple[str, ...] = SOURCES) -> str:
     return digest.hexdigest()[:16]
 
 
+def docker_containers(inventory: dict[str, Any]) -> list[str]:
+    """The containers of an inventory whose hosts Ansible reaches through Docker."""
+    names: set[str] = set()
+
+    def walk(group: dict[str, Any], connection: Any) -> None:
+        connection = (group.get("vars") or {}).get("ansible_connection", connection)
+        for hostvars in (group.get("hosts") or {}).values():
+            hostvars = hostvars or {}
+            via = hostvars.get("ansible_connection", connection)
+            if via == "community.docker.docker" and hostvars.get("ansible_host"):
+                names.add(str(hostvars["ansible_host"]))
+        for child in (group.get("children") or {}).values():
+            walk(child or {}, connection)
+
+    walk(inventory.get("all") or {}, None)
+    return sorted(names)
+
+
 def integral(value: Any) -> Any:
     """Whole floats back to ints, everywhere in `value`.
 
@@ -69,39 +88,59 @@ def integral(value: Any) -> Any:
     return value
 
 
+def _run_child(
+    playbook: str, wheelhouse: str, artifacts: Path, env: dict[str, str]
+) -> tuple[int, list[str]]:
+    """`python -m infra.provisioning` in a child process: its exit code and stdout lines.
+
+    A child, not a call: ansible-runner forks, and forking this gRPC-serving process can
+    crash the child (see infra/provisioning/__main__.py). Progress goes to stderr, live.
+    """
+    child = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "infra.provisioning",
+            "--inventory",
+            str(artifacts / "stack-inventory.json"),
+            "--playbook",
+            playbook,
+            "--wheelhouse",
+            wheelhouse,
+            "--artifacts-dir",
+            str(artifacts),
+        ],
+        cwd=ROOT,
+        env=env,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    assert child.stdout is not None
+    lines = child.stdout.read().splitlines()
+    return child.wait(), lines
+
+
 class _PlaybookProvider(ResourceProvider):
     serialize_as_secret_always = False
 
     def _run(self, props: dict[str, Any]) -> dict[str, Any]:
-        # In a child process: ansible-runner forks, and forking this gRPC-serving process
-        # can crash the child (see infra/provisioning/__main__.py).
         artifacts = Path(props["artifacts_dir"])
         artifacts.mkdir(parents=True, exist_ok=True)
         inventory_file = artifacts / "stack-inventory.json"
         inventory_file.write_text(json.dumps(integral(props["inventory"]), indent=1))
         env = {**os.environ, SECRET_ENV: props["spark_auth_secret"], "PYTHONUNBUFFERED": "1"}
-        child = subprocess.Popen(
-            [
-                sys.executable,
-                "-m",
-                "infra.provisioning",
-                "--inventory",
-                str(inventory_file),
-                "--playbook",
-                props["playbook"],
-                "--wheelhouse",
-                props["wheelhouse"],
-                "--artifacts-dir",
-                str(artifacts),
-            ],
-            cwd=ROOT,
-            env=env,
-            stdout=subprocess.PIPE,
-            text=True,
-        )
-        assert child.stdout is not None
-        lines = child.stdout.read().splitlines()  # progress goes to stderr, live
-        code = child.wait()
+        boosted = docker_containers(props["inventory"]) if props.get("cpu_boost") else []
+        try:
+            with cpu_boost(boosted) as limits:
+                if limits:
+                    print(
+                        "CPU limits lifted while provisioning: " + ", ".join(sorted(limits)),
+                        file=sys.stderr,
+                        flush=True,
+                    )
+                code, lines = _run_child(props["playbook"], props["wheelhouse"], artifacts, env)
+        except EngineError as exc:
+            raise UserFacingError(f"provisioning: {exc}") from None
         log = artifacts / "provisioning.log"
         try:
             result = json.loads(lines[-1])
@@ -124,6 +163,7 @@ class _PlaybookProvider(ResourceProvider):
             "content_hash": props["content_hash"],
             "wheelhouse": props["wheelhouse"],
             "artifacts_dir": props["artifacts_dir"],
+            "cpu_boost": bool(props.get("cpu_boost")),
             "stats": result["stats"],
             "duration_s": result["duration_s"],
         }
@@ -161,6 +201,8 @@ class ProvisioningArgs:
     wheelhouse: str
     artifacts_dir: str
     playbook: str = "site.yml"
+    # Lift the CPU limits of Docker nodes while the playbook runs (trainstack:provisionCpuBoost).
+    cpu_boost: bool = False
 
 
 class Provisioning(pulumi.ComponentResource):
@@ -183,6 +225,7 @@ class Provisioning(pulumi.ComponentResource):
                 "artifacts_dir": args.artifacts_dir,
                 "playbook": args.playbook,
                 "content_hash": content_hash,
+                "cpu_boost": args.cpu_boost,
             },
             pulumi.ResourceOptions(
                 parent=self, custom_timeouts=pulumi.CustomTimeouts(create="60m")

@@ -15,6 +15,7 @@ import json
 import shlex
 import sys
 import tarfile
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -85,6 +86,47 @@ def _copy_results(container: Any, run_dir: str, dest: Path) -> list[str]:
     return copied
 
 
+def _utilisation(
+    props: dict[str, Any], container: Any, run_dir: str, host_dir: Path, start: float, end: float
+) -> dict[str, Any]:
+    """The run's utilisation picture from Prometheus (when monitoring is on): the PNG on the
+    host and in the run directory beside curves.png, and the bottleneck node. A failure is
+    reported in the result and does not fail the run."""
+    url = props.get("monitoring_url") or ""
+    if not url:
+        return {}
+    from infra.monitoring import PLOT_FILE, MonitoringError, run_utilisation
+
+    try:
+        found = run_utilisation(
+            url,
+            start,
+            end,
+            {k: float(v) for k, v in (props.get("node_cpus") or {}).items()},
+            props.get("scrape_interval") or "15s",
+            host_dir,
+        )
+    except MonitoringError as exc:
+        print(f"utilisation picture: {exc}", file=sys.stderr)
+        return {"utilisation_error": str(exc)}
+    data = Path(found["plot"]).read_bytes()
+    archive = io.BytesIO()
+    with tarfile.open(fileobj=archive, mode="w") as tar:
+        info = tarfile.TarInfo(PLOT_FILE)
+        info.size, info.mode, info.mtime = len(data), 0o644, int(time.time())
+        tar.addfile(info, io.BytesIO(data))
+    container.put_archive(run_dir, archive.getvalue())
+    node = found["bottleneck"]
+    share = found["nodes"][node]["cpu_share_of_limit"]
+    print(f"utilisation: bottleneck {node} ({share:.0%} of its CPU limit)", file=sys.stderr)
+    return {
+        "bottleneck_node": node,
+        "utilisation_plot": found["plot"],
+        "utilisation": found["nodes"],
+        "monitoring_url": url,
+    }
+
+
 class _TrainingJobProvider(ResourceProvider):
     serialize_as_secret_always = False
 
@@ -121,8 +163,13 @@ class _TrainingJobProvider(ResourceProvider):
             "--spark-conf",
             settings["spark_conf"],
         ]
+        if settings.get("strategy"):  # absent in the state of runs launched before the key
+            command += ["--train-strategy", settings["strategy"]]
+            command += ["--cores-per-worker", str(int(settings.get("cores_per_worker") or 1))]
         print(f"launching on {props['submit_container']}: {shlex.join(command)}", file=sys.stderr)
+        started = time.time()
         code, stdout = _stream_exec(container, command, env=NODE_ENV)
+        finished = time.time()
         lines = [line for line in stdout.strip().splitlines() if line.startswith("{")]
         summary = json.loads(lines[-1]) if lines else {}
         if code != 0 or not summary.get("ok"):
@@ -134,10 +181,13 @@ class _TrainingJobProvider(ResourceProvider):
             )
         host_dir = Path(props["host_artifacts_dir"]) / props["run_id"]
         copied = _copy_results(container, run_dir, host_dir)
+        monitoring = _utilisation(props, container, run_dir, host_dir, started, finished)
+        copied += [monitoring["utilisation_plot"]] if monitoring.get("utilisation_plot") else []
         return {
             **props,
             "result": {
                 **summary,
+                **monitoring,
                 "run_id": props["run_id"],
                 "cluster_run_dir": run_dir,
                 "host_dir": str(host_dir),
@@ -171,9 +221,14 @@ class _TrainingJob(Resource, module="training", name="TrainingJob"):
 class TrainingArgs:
     master_url: str
     submit_container: str
-    settings: dict[str, Any]  # workers, epochs, batch_size, data, rows, spark_conf
+    # workers, epochs, batch_size, data, rows, strategy, cores_per_worker, spark_conf
+    settings: dict[str, Any]
     trigger: str  # digest of everything that should launch a new run
     host_artifacts_dir: str
+    # Prometheus's URL on the host (monitoring on): the run's utilisation picture comes from it.
+    monitoring: pulumi.Input[str] | None = None
+    node_cpus: dict[str, float] | None = None  # CPU limit per node, for the bottleneck
+    scrape_interval: str = "15s"
 
 
 class Training(pulumi.ComponentResource):
@@ -193,6 +248,9 @@ class Training(pulumi.ComponentResource):
                 "settings": args.settings,
                 "run_id": f"run-{args.trigger[:12]}",
                 "host_artifacts_dir": args.host_artifacts_dir,
+                "monitoring_url": args.monitoring or "",
+                "node_cpus": args.node_cpus or {},
+                "scrape_interval": args.scrape_interval,
             },
             pulumi.ResourceOptions(
                 parent=self, custom_timeouts=pulumi.CustomTimeouts(create="60m")

@@ -47,7 +47,7 @@ LABEL_IMAGE = "org.trainstack.image"
 LABEL_DIGEST = "org.trainstack.digest"
 LABEL_BUILDER = "org.trainstack.builder"
 # Bump when the bake procedure itself (not its inputs) changes what ends up in the image.
-BAKE_FORMAT = "1"
+BAKE_FORMAT = "2"
 # Run in the builder before the commit: no apt archives, no pid file or socket of a supervisord
 # that a package script may have started, no Ansible or pip leftovers. /var/lib/apt/lists stays,
 # so the roles' package task (cache_valid_time) finds a fresh index on a new node.
@@ -60,7 +60,13 @@ CLEANUP = (
 
 # What the digest covers (relative to the repository root).
 _DIGEST_TREES = ("roles", "training")
-_DIGEST_FILES = ("playbooks/image.yml", "playbooks/bootstrap.yml", "ansible.cfg", "constraints.txt")
+_DIGEST_FILES = (
+    "playbooks/image.yml",
+    "playbooks/bootstrap.yml",
+    "playbooks/group_vars/all.yml",
+    "ansible.cfg",
+    "constraints.txt",
+)
 _PINS_FILE = "infra/provisioning/wheelhouse.py"
 _SKIP_PARTS = {"build", "dist", "__pycache__", ".pytest_cache", ".mypy_cache", ".ruff_cache"}
 _PIN_LINE = re.compile(r'^[A-Z][A-Z0-9_]* = "[^"]*"', re.MULTILINE)
@@ -249,7 +255,13 @@ def bake(
                     detach=True,
                     init=True,
                     labels={LABEL_BUILDER: "true"},
-                    volumes={str(wheelhouse): {"bind": WHEELHOUSE_MOUNT, "mode": "ro"}},
+                    # A mount, not `volumes=`: the SDK would also declare VOLUME in the
+                    # container's config, which the committed image would inherit.
+                    mounts=[
+                        docker.types.Mount(
+                            WHEELHOUSE_MOUNT, str(wheelhouse), type="bind", read_only=True
+                        )
+                    ],
                 )
             except docker.errors.DockerException as exc:
                 raise BakeError(
@@ -307,6 +319,7 @@ def _run_image_playbook(
             "vars": {
                 "trainstack_wheelhouse_dir": str(wheelhouse),
                 "trainstack_wheelhouse_mount": WHEELHOUSE_MOUNT,
+                "trainstack_image_digest": tag.rsplit(":", 1)[1],
             },
         }
     }

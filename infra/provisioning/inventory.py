@@ -7,7 +7,17 @@ import secrets as _secrets
 from dataclasses import dataclass, field
 from typing import Any
 
-GROUPS = ("zookeeper", "spark_master", "spark_worker", "tensorflow", "control", "workers")
+GROUPS = (
+    "zookeeper",
+    "spark_master",
+    "spark_worker",
+    "tensorflow",
+    "control",
+    "workers",
+    # Prometheus, the Pushgateway and the blackbox exporter (docs/monitoring.md); with
+    # all_vars trainstack_monitoring_enabled: true every node also gets the exporters.
+    "monitoring",
+)
 # Variables that must never be written to an inventory file or a command line: run_playbook
 # moves them into a 0600 extravars file inside the runner's private data dir.
 SECRET_VARS = ("trainstack_spark_auth_secret",)

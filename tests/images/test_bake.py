@@ -106,20 +106,27 @@ def cluster(baked, tmp_path_factory):
     ]
     c = cl.create(name, nodes, image=baked[0].tag, command=None, init=False)
     workdir = tmp_path_factory.mktemp("image-cluster")
-    inventory = c.inventory(WHEELHOUSE)  # no trainstack_wheelhouse_mount: nothing to copy
+    # As the program's inventory does for nodes from the image: name it.
+    inventory = c.inventory(WHEELHOUSE, trainstack_node_image=baked[0].tag)
     runs = []
 
-    def run():
+    def run(extravars=None):
         events = Events()
         result = run_playbook(
-            inventory, "site.yml", on_event=events, artifacts_dir=workdir / "runner"
+            inventory,
+            "site.yml",
+            on_event=events,
+            artifacts_dir=workdir / "runner",
+            extravars=extravars,
         )
         print(result.summary(), file=sys.stderr)
         runs.append((result, events.items))
         return result, events.items
 
     try:
-        run()
+        # The first run forces the install parts, to prove that the image carries exactly
+        # what the roles install (each install task must report `ok`).
+        run({"trainstack_image_installed": False})
         yield c, run, runs
     finally:
         if os.environ.get("TRAINSTACK_KEEP_CLUSTER") != "1":
@@ -132,6 +139,9 @@ def test_bake_commits_a_labelled_image_with_supervisord_as_cmd(baked):
     image = docker.from_env().images.get(result.tag)
     assert image.id == result.image_id
     assert image.attrs["Config"]["Cmd"] == b.NODE_CMD
+    # The builder's wheelhouse bind must not become a VOLUME of the image (every node would
+    # then get an anonymous volume that outlives it).
+    assert not image.attrs["Config"].get("Volumes"), image.attrs["Config"].get("Volumes")
     labels = image.attrs["Config"]["Labels"]
     assert labels[b.LABEL_IMAGE] == "node"
     assert labels[b.LABEL_DIGEST] == result.tag.split(":")[1]
@@ -189,6 +199,8 @@ def test_provisioning_from_the_image_installs_nothing(cluster):
         {(e.host, e.task) for e in events if e.status == "changed" and e.task in install}
     )
     assert not changed, f"install tasks changed on nodes from the image: {changed}"
+    ran_ok = {e.task for e in events if e.status == "ok" and e.task in install}
+    assert len(ran_ok) > 20, f"the forced run did not run the install parts: {sorted(ran_ok)}"
     print(
         f"first run on the image: {first.duration_s:.0f}s, changed={first.changed()}",
         file=sys.stderr,
@@ -203,9 +215,13 @@ def test_provisioning_from_the_image_installs_nothing(cluster):
 
 def test_second_run_changes_nothing(cluster):
     _c, run, _runs = cluster
-    result, _events = run()
+    result, events = run()
     assert result.ok, result.summary()
     assert result.changed() == {"control-1": 0, "worker-1": 0}, result.summary()
+    # The default on a node whose image marker matches: the install parts do not run at all.
+    install = _install_task_names()
+    ran = sorted({e.task for e in events if e.task in install and e.status != "skipped"})
+    assert not ran, f"install tasks ran on nodes from a matching image: {ran}"
     print(f"second run on the image: {result.duration_s:.0f}s", file=sys.stderr)
 
 

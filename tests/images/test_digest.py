@@ -24,6 +24,7 @@ def _copy_tree(dest: Path) -> Path:
     for name in (
         "playbooks/image.yml",
         "playbooks/bootstrap.yml",
+        "playbooks/group_vars/all.yml",
         "playbooks/site.yml",
         "ansible.cfg",
         "constraints.txt",
@@ -60,7 +61,13 @@ def test_role_change_changes_digest(tree):
 
 @pytest.mark.parametrize(
     "name",
-    ["playbooks/image.yml", "ansible.cfg", "constraints.txt", "training/pyproject.toml"],
+    [
+        "playbooks/image.yml",
+        "playbooks/group_vars/all.yml",
+        "ansible.cfg",
+        "constraints.txt",
+        "training/pyproject.toml",
+    ],
 )
 def test_input_change_changes_digest(tree, name):
     before = b.image_digest(*BASE, root=tree)

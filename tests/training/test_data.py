@@ -50,6 +50,33 @@ def test_prepare_digits_shards_split_normalise(spark: Any, tmp_path: Path) -> No
     assert np.array_equal(np.sort(xv1, axis=0), np.sort(xv2, axis=0))
 
 
+def _sorted_rows(path: str) -> tuple[np.ndarray, np.ndarray]:
+    x, y = load_arrays(path)
+    order = np.lexsort(np.column_stack([x, y]).T)
+    return x[order], y[order]
+
+
+def test_small_input_in_driver_equals_distributed_stage(spark: Any, tmp_path: Path) -> None:
+    # A small set is read by one Spark job and prepared in the driver; the distributed stage
+    # (local_prep_mb=0) must give bit-identical shards, split and scaling.
+    small = prepare(spark, _cfg(tmp_path, workers=3), tmp_path / "driver")
+    big = prepare(spark, _cfg(tmp_path, workers=3, local_prep_mb=0), tmp_path / "spark")
+    assert (small.path, big.path) == ("driver", "spark")
+    assert small.shard_rows == big.shard_rows and small.val_rows == big.val_rows
+    assert small.total_rows == big.total_rows == 1797
+    for k in range(3):
+        xs, ys = _sorted_rows(small.shard_dir(k))
+        xb, yb = _sorted_rows(big.shard_dir(k))
+        assert xs.dtype == xb.dtype == np.float32 and np.array_equal(xs, xb)
+        assert np.array_equal(ys, yb)
+    assert all(
+        np.array_equal(a, b)
+        for a, b in zip(_sorted_rows(small.val_dir), _sorted_rows(big.val_dir), strict=True)
+    )
+    assert set(small.phases) >= {"data_source", "data_spark_read", "data_driver_prepare"}
+    assert set(big.phases) >= {"data_spark_stats", "data_spark_write"}
+
+
 def test_csv_input(spark: Any, tmp_path: Path) -> None:
     rng = np.random.default_rng(0)
     df = pd.DataFrame(
@@ -74,6 +101,7 @@ def _digits_df(n: int = 300) -> pd.DataFrame:
     return df
 
 
+@pytest.mark.parametrize("local_prep_mb", [32, 0], ids=["driver", "spark"])
 @pytest.mark.parametrize(
     ("mutate", "kwargs", "pattern"),
     [
@@ -112,10 +140,15 @@ def _digits_df(n: int = 300) -> pd.DataFrame:
     ],
 )
 def test_bad_data_fails_with_cause(
-    spark: Any, tmp_path: Path, mutate: Any, kwargs: dict[str, Any], pattern: str
+    spark: Any,
+    tmp_path: Path,
+    mutate: Any,
+    kwargs: dict[str, Any],
+    pattern: str,
+    local_prep_mb: int,
 ) -> None:
     path = _parquet(tmp_path, mutate(_digits_df()))
-    cfg = _cfg(tmp_path, data=path, **kwargs)
+    cfg = _cfg(tmp_path, data=path, local_prep_mb=local_prep_mb, **kwargs)
     with pytest.raises(DataError, match=pattern):
         prepare(spark, cfg, tmp_path / "data")
 
@@ -150,6 +183,10 @@ def test_config_flags_file_and_bad_values(tmp_path: Path) -> None:
         parse_args(["--workers", "0"])
     with pytest.raises(ConfigError, match=r"unknown config keys \['bogus'\]"):
         TrainConfig.from_dict({"bogus": 1})
+    with pytest.raises(ConfigError, match=r"train_strategy='ps': allowed are multi-worker, single"):
+        parse_args(["--train-strategy", "ps"])
+    single = parse_args(["--train-strategy", "single", "--workers", "4", "--cores-per-worker", "2"])
+    assert (single.workers, single.cores_per_worker) == (1, 2)
 
 
 def test_session_settings_for_barrier_training(spark: Any) -> None:

@@ -46,6 +46,10 @@ def test_two_workers_reach_090_and_write_results(two_workers: dict[str, Any]) ->
         assert len(metrics[key]) == EPOCHS
     assert metrics["samples_per_second"] > 0 and metrics["data_seconds"] > 0
     assert len(metrics["peak_rss_mb_per_worker"]) == 2
+    # where the time went: job phases and, per worker, start-up, steps, validation
+    assert {"spark_session", "data_spark_read"} <= set(metrics["job_phases"])
+    for t in metrics["worker_timings"]:
+        assert t["import_tf"] > 0 and t["train_steps"] > 0 and t["fit"] >= t["train_steps"]
     # only the chief's model is kept; the other worker's temporary copy is gone
     assert [p.name for p in Path(s["model_path"]).parent.glob("*.keras")] == ["model.keras"]
 
@@ -103,10 +107,34 @@ def test_killed_worker_resumes_from_backup(
     assert not (tmp_path / "backup").exists()  # checkpoints are removed after success
 
 
+def test_single_strategy_trains_one_process_on_all_cores(tmp_path: Path) -> None:
+    rc, s, err = run_cli(
+        ["--master", "local[2]", "--train-strategy", "single", "--cores-per-worker", "2",
+         "--epochs", str(EPOCHS), "--output", str(tmp_path), "--no-plot"]
+    )  # fmt: skip
+    assert rc == 0, err[-3000:]
+    assert s["workers"] == 1 and s["final_val_accuracy"] >= 0.90, s
+    metrics = json.loads(Path(s["metrics_path"]).read_text())
+    assert metrics["config"]["train_strategy"] == "single"
+    (timings,) = metrics["worker_timings"]  # one TensorFlow process
+    assert timings["train_steps"] > 0 and timings["import_tf"] > 0
+
+
 def test_cli_error_is_clear_and_last_line_json(tmp_path: Path) -> None:
     rc, s, _ = run_cli(["--data", str(tmp_path / "missing.csv"), "--output", str(tmp_path)])
     assert rc == 2 and s["ok"] is False and s["kind"] == "DataError"
     assert "does not exist" in s["error"] and "missing.csv" in s["error"]
+
+
+def test_missing_slots_fail_fast_on_the_small_input_path(tmp_path: Path) -> None:
+    # The digits take the driver path, which has no separate slot-check job: the training
+    # stage's own barrier check must fail with the same clear ClusterError, exit code 2.
+    rc, s, _ = run_cli(
+        ["--master", "local[2]", "--workers", "3", "--slot-wait-seconds", "3",
+         "--output", str(tmp_path), "--no-plot"]
+    )  # fmt: skip
+    assert rc == 2 and s["ok"] is False and s["kind"] == "ClusterError", s
+    assert "fewer free task slots than workers=3" in s["error"]
 
 
 def test_retries_exhausted_is_a_clear_failure(tmp_path: Path) -> None:

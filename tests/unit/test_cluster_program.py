@@ -111,7 +111,8 @@ def test_containers_carry_labels_limits_hostnames_and_network(mocks):
         assert labels(worker)[LABEL_STACK] == "trainstack-unit"
         assert labels(worker)[LABEL_MANAGED_BY] == MANAGED_BY
         assert labels(worker)[LABEL_ROLES] == "spark_worker,tensorflow"
-        assert labels(by_host["control-1"])[LABEL_ROLES] == "zookeeper,spark_master"
+        assert labels(by_host["control-1"])[LABEL_ROLES] == "zookeeper,spark_master,monitoring"
+        assert labels(by_host["control-2"])[LABEL_ROLES] == "zookeeper,spark_master"
         assert by_host["control-1"]["memory"] == 1024
         targets = {m["target"] for m in worker["mounts"]}
         assert {"/srv/trainstack/data", "/srv/trainstack/checkpoints"} <= targets
@@ -152,14 +153,41 @@ def test_only_master_uis_are_published_and_on_loopback(mocks):
             if c.inputs.get("ports")
         }
         assert set(published) == {"control-1", "control-2"}
-        for ports in published.values():
-            assert [(p["internal"], p["ip"]) for p in ports] == [(8080, "127.0.0.1")]
+        # control-1 also publishes Prometheus's UI (the monitoring node, docs/monitoring.md).
+        assert [(p["internal"], p["ip"]) for p in published["control-1"]] == [
+            (8080, "127.0.0.1"),
+            (9090, "127.0.0.1"),
+        ]
+        assert [(p["internal"], p["ip"]) for p in published["control-2"]] == [(8080, "127.0.0.1")]
         assert urls == {
             "control-1": "http://127.0.0.1:18080",
             "control-2": "http://127.0.0.1:18081",
         }
 
     return cluster.ui_urls.apply(check)
+
+
+@pulumi.runtime.test
+def test_monitoring_url_is_the_published_prometheus_port(mocks):
+    cluster = build(StackConfig())
+    assert cluster.monitoring_url is not None
+
+    def check(url):
+        assert url == "http://127.0.0.1:19090"
+
+    return cluster.monitoring_url.apply(check)
+
+
+@pulumi.runtime.test
+def test_monitoring_off_publishes_no_prometheus_port(mocks):
+    cluster = build(StackConfig(monitoring=False))
+    assert cluster.monitoring_url is None
+
+    def check(_):
+        ports = [p for c in mocks.of_type(CONTAINER) for p in c.inputs.get("ports") or []]
+        assert all(p["internal"] == 8080 for p in ports)
+
+    return cluster.nodes.apply(check)
 
 
 @pulumi.runtime.test

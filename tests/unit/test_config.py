@@ -69,3 +69,13 @@ def test_every_key_is_documented():
         text = doc.read()
     for key in StackConfig.config_keys():
         assert f"`trainstack:{key}`" in text, f"trainstack:{key} missing from docs/config.md"
+
+
+def test_train_strategy_is_validated_and_single_means_one_worker():
+    with pytest.raises(ConfigError) as err:
+        StackConfig.from_mapping({"trainStrategy": "parameter-server"})
+    for fragment in ("trainstack:trainStrategy", "'parameter-server'", "multi-worker, single"):
+        assert fragment in str(err.value)
+    assert StackConfig.from_mapping({"workers": "3"}).training_workers == 3
+    single = StackConfig.from_mapping({"workers": "3", "trainStrategy": "single"})
+    assert (single.train_strategy, single.training_workers) == ("single", 1)

@@ -11,6 +11,8 @@ from pathlib import Path
 from typing import Any
 
 DIGITS = "digits"  # the offline default data set (scikit-learn's handwritten digits)
+STRATEGIES = ("multi-worker", "single")  # see TrainConfig.train_strategy
+COLLECTIVES = ("auto", "ring")  # tf.distribute.experimental.CommunicationImplementation
 
 
 class ConfigError(ValueError):
@@ -41,6 +43,26 @@ class TrainConfig:
         metadata={"help": "per-worker batch size; the global batch is batch_size x workers"},
     )
     learning_rate: float = field(default=1e-3, metadata={"help": "Adam learning rate"})
+    train_strategy: str = field(
+        default="multi-worker",
+        metadata={
+            "help": "multi-worker: `workers` TensorFlow workers with MultiWorkerMirroredStrategy; "
+            "single: one TensorFlow worker (workers is taken as 1) using cores_per_worker cores, "
+            "no collectives"
+        },
+    )
+    steps_per_execution: int = field(
+        default=1,
+        metadata={"help": "training steps per tf.function call (Keras steps_per_execution)"},
+    )
+    collective: str = field(
+        default="auto",
+        metadata={"help": "all-reduce implementation of the multi-worker strategy: auto or ring"},
+    )
+    bytes_per_pack: int = field(
+        default=0,
+        metadata={"help": "split the gradient all-reduce into packs of this many bytes (0 = one)"},
+    )
     data: str = field(
         default=DIGITS,
         metadata={
@@ -110,6 +132,14 @@ class TrainConfig:
             "(e.g. spark.driver.memory=4g,spark.executor.memory=4g)"
         },
     )
+    local_prep_mb: int = field(
+        default=32,
+        metadata={
+            "help": "inputs up to this size (MiB, Spark's estimate of the read) are prepared in "
+            "the driver after one Spark read job; larger ones by the distributed Spark stage "
+            "(0 = always distributed)"
+        },
+    )
     plot: bool = field(default=True, metadata={"help": "write the training-curve PNG"})
     # Test-only fault hook: the worker with this index SIGKILLs its own Python process halfway
     # through this epoch (once: a marker file in the run directory records it). -1 = off.
@@ -155,6 +185,20 @@ class TrainConfig:
                 self.data_format in ("auto", "parquet", "csv"),
                 f"data_format={self.data_format!r}: allowed are auto, parquet, csv",
             ),
+            (
+                self.train_strategy in STRATEGIES,
+                f"train_strategy={self.train_strategy!r}: allowed are {', '.join(STRATEGIES)}",
+            ),
+            (
+                self.collective in COLLECTIVES,
+                f"collective={self.collective!r}: allowed are {', '.join(COLLECTIVES)}",
+            ),
+            (
+                self.steps_per_execution >= 1,
+                f"steps_per_execution={self.steps_per_execution}: must be >= 1",
+            ),
+            (self.bytes_per_pack >= 0, f"bytes_per_pack={self.bytes_per_pack}: must be >= 0"),
+            (self.local_prep_mb >= 0, f"local_prep_mb={self.local_prep_mb}: must be >= 0"),
             (bool(self.master), "master is empty: give a Spark master URL"),
             (bool(self.output), "output is empty: give a directory on shared storage"),
         ]
@@ -162,6 +206,8 @@ class TrainConfig:
             if not ok:
                 raise ConfigError(msg)
         self.spark_settings()
+        if self.train_strategy == "single":
+            self.workers = 1  # one TensorFlow process; its cores are cores_per_worker
         return self
 
     def to_dict(self) -> dict[str, Any]:

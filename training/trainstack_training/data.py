@@ -11,7 +11,8 @@ import shutil
 import time
 import urllib.parse
 import urllib.request
-from dataclasses import asdict, dataclass
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -43,6 +44,10 @@ class DataInfo:
     val_rows: int
     total_rows: int
     seconds: float
+    # "driver": one Spark read job, then prepared in the driver (small inputs); "spark": the
+    # distributed Spark stage (an aggregation job and the partitioned writes).
+    path: str = "spark"
+    phases: dict[str, float] = field(default_factory=dict)  # seconds per data-stage phase
 
     @property
     def train_rows(self) -> int:
@@ -221,20 +226,73 @@ def _check_schema(df: DataFrame, cfg: TrainConfig) -> tuple[list[str], bool]:
     return wanted, isinstance(label_type, IntegralType)
 
 
-def prepare(spark: SparkSession, cfg: TrainConfig, data_root: Path) -> DataInfo:
-    """Run the data stage; write train shards (one per worker) and the validation set."""
+def prepare(
+    spark: SparkSession,
+    cfg: TrainConfig,
+    data_root: Path,
+    before_distributed: Callable[[], None] | None = None,
+) -> DataInfo:
+    """Run the data stage; write train shards (one per worker) and the validation set.
+
+    `before_distributed` runs before the distributed path's first job (not for small inputs).
+    """
     from pyspark.sql import functions as F  # noqa: N812 (the PySpark idiom)
 
     start = time.perf_counter()
     uri, fmt = resolve_source(cfg, data_root)
+    phases = {"data_source": time.perf_counter() - start}
+    mark = time.perf_counter()
     df = read_source(spark, uri, fmt)
     features, label_integral = _check_schema(df, cfg)
+    size = _estimated_bytes(df)
+    phases["data_read_schema"] = time.perf_counter() - mark
     label = F.col(cfg.label_col)
     all_cols = [F.col(c) for c in [*features, cfg.label_col]]
     # Content hash => the split and shard of a row do not depend on file layout or partitions.
     is_val = F.pmod(F.xxhash64(F.lit(cfg.seed), *all_cols), F.lit(1_000_000)) < F.lit(
         int(cfg.val_fraction * 1_000_000)
     )
+    shard = F.pmod(F.xxhash64(F.lit(cfg.seed + 1), *all_cols), F.lit(cfg.workers))
+    train_dir, val_dir = data_root / "train", data_root / "val"
+    if cfg.local_prep_mb and size is not None and size <= cfg.local_prep_mb * 1024**2:
+        # A small set: Spark still reads it and computes the split and shard of every row (the
+        # same expressions as below), in one job; the rest is numpy in the driver. This skips
+        # the aggregation job and the two partitioned writes, which cost seconds of
+        # scheduling and code generation each for a few thousand rows.
+        mark = time.perf_counter()
+        table = _collect(
+            df.select(
+                *[F.col(c).cast("double").alias(f"_f{i}") for i, c in enumerate(features)],
+                label.alias("_label"),
+                is_val.alias("_val"),
+                shard.cast("int").alias("_shard"),
+            ),
+            uri,
+        )
+        phases["data_spark_read"] = time.perf_counter() - mark
+        mark = time.perf_counter()
+        shard_rows, val_rows = _prepare_in_driver(
+            table, cfg, features, label_integral, train_dir, val_dir
+        )
+        phases["data_driver_prepare"] = time.perf_counter() - mark
+        info = DataInfo(
+            train_dir=str(train_dir.resolve()),
+            val_dir=str(val_dir.resolve()),
+            n_features=len(features),
+            n_classes=cfg.n_classes,
+            feature_cols=features,
+            shard_rows=shard_rows,
+            val_rows=val_rows,
+            total_rows=table.num_rows,
+            seconds=time.perf_counter() - start,
+            path="driver",
+            phases=phases,
+        )
+        _check_shards(info, cfg)
+        return info
+
+    if before_distributed:
+        before_distributed()
     df = df.withColumn("_val", is_val)
     train = ~F.col("_val")
     # One pass computes the checks and the normalisation statistics (from training rows only).
@@ -257,10 +315,12 @@ def prepare(spark: SparkSession, cfg: TrainConfig, data_root: Path) -> DataInfo:
             F.min(F.when(train, col)).alias(f"lo{i}"),
             F.max(F.when(train, col)).alias(f"hi{i}"),
         ]
+    mark = time.perf_counter()
     try:
         stats = df.agg(*aggs).collect()[0].asDict()
     except Exception as exc:  # e.g. a path that vanished or unreadable files
         raise DataError(f"cannot read data at {uri!r}: {str(exc).splitlines()[0]}") from exc
+    phases["data_spark_stats"] = time.perf_counter() - mark
     _check_stats(stats, cfg, features)
 
     norm = []
@@ -268,14 +328,13 @@ def prepare(spark: SparkSession, cfg: TrainConfig, data_root: Path) -> DataInfo:
         lo, hi = float(stats[f"lo{i}"] or 0.0), float(stats[f"hi{i}"] or 0.0)
         span = hi - lo if hi > lo else 1.0  # constant feature -> 0, not a division by zero
         norm.append(((F.col(c).cast("double") - lo) / span).cast("float"))
-    shard = F.pmod(F.xxhash64(F.lit(cfg.seed + 1), *all_cols), F.lit(cfg.workers))
     out = df.select(
         F.array(*norm).alias("features"),
         label.cast("int").alias("label"),
         shard.cast("int").alias("shard"),
         F.col("_val"),
     )
-    train_dir, val_dir = data_root / "train", data_root / "val"
+    mark = time.perf_counter()
     (
         out.filter(~F.col("_val"))
         .drop("_val")
@@ -289,6 +348,7 @@ def prepare(spark: SparkSession, cfg: TrainConfig, data_root: Path) -> DataInfo:
 
     shard_rows = [_parquet_rows(train_dir / f"shard={k}") for k in range(cfg.workers)]
     val_rows = _parquet_rows(val_dir)
+    phases["data_spark_write"] = time.perf_counter() - mark
     info = DataInfo(
         train_dir=str(train_dir.resolve()),
         val_dir=str(val_dir.resolve()),
@@ -299,9 +359,102 @@ def prepare(spark: SparkSession, cfg: TrainConfig, data_root: Path) -> DataInfo:
         val_rows=val_rows,
         total_rows=int(stats["rows"]),
         seconds=time.perf_counter() - start,
+        path="spark",
+        phases=phases,
     )
     _check_shards(info, cfg)
     return info
+
+
+def _estimated_bytes(df: DataFrame) -> int | None:
+    """Spark's size estimate of the read (the files' size; no job runs), None if unknown."""
+    try:
+        stats = df._jdf.queryExecution().optimizedPlan().stats()
+        return int(str(stats.sizeInBytes()))
+    except Exception:  # an API change must not break the job: take the distributed path
+        return None
+
+
+def _collect(df: DataFrame, uri: str) -> Any:
+    """The one Spark job of the driver path: the selected columns as an Arrow table."""
+    try:
+        return df.toArrow()
+    except Exception as exc:  # e.g. a path that vanished or unreadable files
+        raise DataError(f"cannot read data at {uri!r}: {str(exc).splitlines()[0]}") from exc
+
+
+def _prepare_in_driver(
+    table: Any,
+    cfg: TrainConfig,
+    features: list[str],
+    label_integral: bool,
+    train_dir: Path,
+    val_dir: Path,
+) -> tuple[list[int], int]:
+    """The distributed path's checks, statistics, scaling and shard files, on an Arrow table
+    of `_f<i>` (features as double), `_label`, `_val` and `_shard` (computed by Spark).
+
+    Same results as the Spark path: the split and shards come from the same Spark
+    expressions, min/max over the training rows, and the scaling is the same float64
+    arithmetic cast to float32. Returns (rows per shard, validation rows).
+    """
+    import pyarrow as pa
+    import pyarrow.compute as pc
+    import pyarrow.parquet as pq
+
+    n = table.num_rows
+    is_val = np.asarray(table.column("_val").to_numpy(zero_copy_only=False), dtype=bool)
+    train = ~is_val
+    train_mask = pa.array(train)
+    label = table.column("_label")
+    label_mm = pc.min_max(label)
+    stats: dict[str, Any] = {
+        "rows": n,
+        "train_rows": int(train.sum()),
+        "null_labels": label.null_count,
+        "min_label": label_mm["min"].as_py(),
+        "max_label": label_mm["max"].as_py(),
+    }
+    if not label_integral:
+        values = np.asarray(label.to_numpy(zero_copy_only=False), dtype=np.float64)
+        frac = ~np.isnan(values) & (values != np.floor(values))
+        stats["frac_labels"] = int(frac.sum())
+        stats["frac_example"] = float(values[frac][0]) if frac.any() else None
+    for i in range(len(features)):
+        col = table.column(f"_f{i}")
+        mm = pc.min_max(col.filter(train_mask))
+        stats[f"n{i}"] = col.null_count
+        stats[f"lo{i}"], stats[f"hi{i}"] = mm["min"].as_py(), mm["max"].as_py()
+    _check_stats(stats, cfg, features)
+
+    x = np.empty((n, len(features)), dtype=np.float32)
+    for i in range(len(features)):
+        lo, hi = float(stats[f"lo{i}"] or 0.0), float(stats[f"hi{i}"] or 0.0)
+        span = hi - lo if hi > lo else 1.0
+        col = np.asarray(table.column(f"_f{i}").to_numpy(zero_copy_only=False), np.float64)
+        x[:, i] = ((col - lo) / span).astype(np.float32)
+    y = np.asarray(label.to_numpy(zero_copy_only=False)).astype(np.int32)
+    shard = np.asarray(table.column("_shard").to_numpy(zero_copy_only=False))
+
+    def write(directory: Path, rows: np.ndarray) -> int:
+        count = int(rows.sum())
+        if count:  # like Spark's partitioned write: no directory for an empty shard
+            directory.mkdir(parents=True, exist_ok=True)
+            flat = pa.array(x[rows].reshape(-1), type=pa.float32())
+            offsets = pa.array(np.arange(count + 1, dtype=np.int32) * len(features))
+            out = pa.table(
+                {
+                    "features": pa.ListArray.from_arrays(offsets, flat),
+                    "label": pa.array(y[rows], type=pa.int32()),
+                }
+            )
+            pq.write_table(out, directory / "part-00000.parquet")
+        return count
+
+    for directory in (train_dir, val_dir):
+        shutil.rmtree(directory, ignore_errors=True)
+    shard_rows = [write(train_dir / f"shard={k}", train & (shard == k)) for k in range(cfg.workers)]
+    return shard_rows, write(val_dir, is_val)
 
 
 def _check_stats(stats: dict[str, Any], cfg: TrainConfig, features: list[str]) -> None:

@@ -91,17 +91,25 @@ def check_slots(spark: SparkSession, cfg: TrainConfig) -> None:
     try:
         rdd.barrier().mapPartitions(noop).collect()
     except Exception as exc:
-        text = str(exc)
-        if "BARRIER" in text.upper() and (
-            "slots" in text or "maxConcurrentTasks" in text or "SPARK-24819" in text
-        ):
-            raise ClusterError(
-                f"the cluster at {cfg.master!r} has fewer free task slots than workers="
-                f"{cfg.workers} (each worker needs one slot of cores_per_worker="
-                f"{cfg.cores_per_worker} cores, all at once, for the barrier stage); "
-                "use fewer workers or add executors/cores"
-            ) from exc
+        slot_error = _slot_error(exc, cfg)
+        if slot_error:
+            raise slot_error from exc
         raise
+
+
+def _slot_error(exc: BaseException, cfg: TrainConfig) -> ClusterError | None:
+    """The ClusterError for Spark's "not enough slots for a barrier stage", else None."""
+    text = str(exc)
+    if "BARRIER" in text.upper() and (
+        "slots" in text or "maxConcurrentTasks" in text or "SPARK-24819" in text
+    ):
+        return ClusterError(
+            f"the cluster at {cfg.master!r} has fewer free task slots than workers="
+            f"{cfg.workers} (each worker needs one slot of cores_per_worker="
+            f"{cfg.cores_per_worker} cores, all at once, for the barrier stage); "
+            "use fewer workers or add executors/cores"
+        )
+    return None
 
 
 def _free_port() -> int:
@@ -114,6 +122,7 @@ def barrier_task(cfg_json: str, info_json: str) -> Any:
     """Build the function each barrier task runs (closure over plain JSON strings)."""
 
     def run(_: Iterator[int]) -> Iterator[str]:
+        started = time.time()
         from pyspark import BarrierTaskContext
 
         from trainstack_training.config import TrainConfig
@@ -136,7 +145,14 @@ def barrier_task(cfg_json: str, info_json: str) -> Any:
         if cfg.workers > 1:
             tf_config = {"cluster": {"worker": peers}, "task": {"type": "worker", "index": index}}
         result = run_worker(
-            cfg, info, index, tf_config, cores=ctx.cpus(), attempt=attempt, host=host
+            cfg,
+            info,
+            index,
+            tf_config,
+            cores=ctx.cpus(),
+            attempt=attempt,
+            host=host,
+            started=started,
         )
         yield json.dumps(asdict(result))
 
@@ -152,6 +168,9 @@ def run_barrier(spark: SparkSession, cfg: TrainConfig, info: DataInfo) -> list[d
     try:
         rows = stage.repartition(1).collect()
     except Exception as exc:
+        slot_error = _slot_error(exc, cfg)
+        if slot_error:  # the training stage checks slots too (see run(): small inputs)
+            raise slot_error from exc
         text = str(exc)
         reason = next((ln.strip() for ln in text.splitlines() if "Exception" in ln), "")
         raise TrainingError(
@@ -180,20 +199,40 @@ def run(cfg: TrainConfig) -> dict[str, Any]:
     if cfg.master.startswith("local"):
         os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     start = time.perf_counter()
+    phases: dict[str, float] = {}
     spark = build_session(cfg)
+    phases["spark_session"] = time.perf_counter() - start
     try:
-        check_slots(spark, cfg)
-        info = prepare(spark, cfg, out / "data")
+
+        def slot_check() -> None:
+            mark = time.perf_counter()
+            check_slots(spark, cfg)
+            phases["slot_check"] = time.perf_counter() - mark
+
+        # Before a distributed data stage, a separate barrier job fails fast when slots are
+        # missing, before any data is read. A small input (prepared in the driver after one
+        # read job) skips it: the training stage's own slot check fails just as fast.
+        info = prepare(spark, cfg, out / "data", before_distributed=slot_check)
         train_start = time.perf_counter()
+        barrier_started = time.time()
         results = run_barrier(spark, cfg, info)
         train_seconds = time.perf_counter() - train_start
+        for r in results:  # when each task's Python started, from the barrier stage's start
+            r["timings"]["task_launch"] = r["timings"].pop("task_start_at") - barrier_started
     finally:
+        mark = time.perf_counter()
         spark.stop()
+        phases["spark_stop"] = time.perf_counter() - mark
     if not _has_backup(out):
         # BackupAndRestore deletes its checkpoints on success but leaves the empty directories.
         shutil.rmtree(out / "backup", ignore_errors=True)
+    mark = time.perf_counter()
     metrics = build_metrics(cfg, info, results, out, train_seconds, time.perf_counter() - start)
     write_outputs(metrics, out, plot=cfg.plot)
+    phases["report"] = time.perf_counter() - mark
+    metrics["total_seconds"] = time.perf_counter() - start
+    metrics["job_phases"] = {**phases, **info.phases}
+    write_outputs(metrics, out, plot=False)  # with the report's own time
     return metrics
 
 

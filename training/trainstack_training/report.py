@@ -66,6 +66,9 @@ def build_metrics(
         "train_seconds": train_wall,  # barrier stage wall time: TF start-up and retries included
         "total_seconds": total_wall,
         "peak_rss_mb_per_worker": [float(r["peak_rss_mb"]) for r in results],
+        # per worker, seconds: task launch, TF import, strategy set-up, first step, steps, ...
+        "worker_timings": [r.get("timings", {}) for r in results],
+        "data_path": info.path,
         "hosts": [r["host"] for r in results],
         "master": cfg.master,
         "model_path": chief.get("model_path", ""),

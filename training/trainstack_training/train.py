@@ -19,11 +19,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from trainstack_training import metrics as push_metrics
 from trainstack_training.config import TrainConfig
 from trainstack_training.data import DataInfo, load_arrays
 
 EPOCH_LOG = "epochs.jsonl"
 FAULT_MARKER = ".fault-injected"
+VAL_BATCH = 1024  # minimum validation batch
 
 
 @dataclass
@@ -38,6 +40,8 @@ class WorkerResult:
     peak_rss_mb: float
     model_path: str = ""
     history: dict[str, list[float]] = field(default_factory=dict)
+    # Where this worker's time went, in seconds (see timing_breakdown()).
+    timings: dict[str, float] = field(default_factory=dict)
 
 
 def configure_environment(tf_config: dict[str, Any] | None, cores: int) -> None:
@@ -100,27 +104,36 @@ def run_worker(
     cores: int,
     attempt: int,
     host: str = "localhost",
+    started: float = 0.0,
 ) -> WorkerResult:
-    """Train on this worker's shard with MultiWorkerMirroredStrategy; the chief saves."""
+    """Train on this worker's shard with MultiWorkerMirroredStrategy (or, with
+    train_strategy=single, TensorFlow's default strategy); the chief saves."""
+    marks = {"task_start": started or time.time()}
     configure_environment(tf_config, cores)
     if cfg.pin_cores:
         pin_to_cores(task_index, cores)
     tf = import_tensorflow(cores)
     from trainstack_training.model import build_model
 
+    marks["tf_imported"] = time.time()
     tf.keras.utils.set_random_seed(cfg.seed)  # same initial weights on every worker
 
     out = Path(cfg.output).resolve()
     workers = cfg.workers
     is_chief = task_index == 0
-    strategy = tf.distribute.MultiWorkerMirroredStrategy()
+    strategy = make_strategy(tf, cfg)
+    marks["strategy_ready"] = time.time()
 
     x_train, y_train = load_arrays(info.shard_dir(task_index))
     x_val, y_val = load_arrays(info.val_dir)
+    marks["data_loaded"] = time.time()
     # Every worker must run the same number of steps, or the collectives deadlock: size the
     # epoch by the smallest shard and repeat the data.
     steps_per_epoch = min(info.shard_rows) // cfg.batch_size
-    val_steps = math.ceil(info.val_rows / cfg.batch_size)  # every worker: full val set
+    # Every worker evaluates the full validation set, in large batches (the metrics are the same
+    # for any batch size; fewer steps cost less Python).
+    val_batch = max(cfg.batch_size, VAL_BATCH)
+    val_steps = math.ceil(info.val_rows / val_batch)
     global_batch = cfg.batch_size * workers
 
     def no_autoshard(ds: Any) -> Any:
@@ -138,12 +151,14 @@ def run_worker(
 
     def val_fn(ctx: Any) -> Any:
         ds = tf.data.Dataset.from_tensor_slices((x_val, y_val))
-        return no_autoshard(ds.batch(cfg.batch_size).repeat().prefetch(2))
+        return no_autoshard(ds.batch(val_batch).repeat().prefetch(2))
 
     train_ds = strategy.distribute_datasets_from_function(train_fn)
     val_ds = strategy.distribute_datasets_from_function(val_fn)
     with strategy.scope():
-        model = build_model(info.n_features, info.n_classes, cfg.learning_rate)
+        model = build_model(
+            info.n_features, info.n_classes, cfg.learning_rate, cfg.steps_per_execution
+        )
 
     epoch_timer, epoch_log, fault_injector = _callback_classes(tf)
     timer = epoch_timer(steps_per_epoch)
@@ -155,7 +170,12 @@ def run_worker(
     ]
     if cfg.fault_kill_epoch >= 1 and task_index == cfg.fault_kill_worker:
         callbacks.append(fault_injector(cfg.fault_kill_epoch, steps_per_epoch, out))
+    # The chief pushes each epoch to Prometheus's Pushgateway when one is configured.
+    callbacks += push_metrics.keras_callbacks(
+        tf, str(out), cfg.epochs, workers, is_chief, attempt, timer, steps_per_epoch * global_batch
+    )
 
+    marks["fit_start"] = time.time()
     fit_start = time.perf_counter()
     history = model.fit(
         train_ds,
@@ -167,6 +187,7 @@ def run_worker(
         verbose=0,
     )
     fit_seconds = time.perf_counter() - fit_start
+    marks["fit_end"] = time.time()
 
     # Every worker saves (saving may need all of them); only the chief's copy is kept.
     model_path = str(out / "model.keras")
@@ -179,6 +200,7 @@ def run_worker(
         finally:
             shutil.rmtree(tmp, ignore_errors=True)
         model_path = ""
+    marks["saved"] = time.time()
     return WorkerResult(
         task_index=task_index,
         attempt=attempt,
@@ -190,7 +212,42 @@ def run_worker(
         peak_rss_mb=peak_rss_mb(),
         model_path=model_path,
         history={k: [float(v) for v in vs] for k, vs in history.history.items()},
+        timings=timing_breakdown(marks, timer, fit_seconds),
     )
+
+
+def make_strategy(tf: Any, cfg: TrainConfig) -> Any:
+    """MultiWorkerMirroredStrategy with the configured all-reduce, or the default strategy."""
+    if cfg.train_strategy == "single":
+        return tf.distribute.get_strategy()
+    impl = tf.distribute.experimental.CommunicationImplementation
+    options = tf.distribute.experimental.CommunicationOptions(
+        bytes_per_pack=cfg.bytes_per_pack,
+        implementation=impl.RING if cfg.collective == "ring" else impl.AUTO,
+    )
+    return tf.distribute.MultiWorkerMirroredStrategy(communication_options=options)
+
+
+def timing_breakdown(marks: dict[str, float], timer: Any, fit_seconds: float) -> dict[str, float]:
+    """Seconds per phase of one worker: start-up (TensorFlow import, strategy and collective
+    set-up, shard load), the first step (tracing + the collective group's first all-reduce),
+    the later training steps, validation, and the rest of fit (per-epoch Python, callbacks,
+    checkpoints)."""
+    steps = max(0.0, timer.total - timer.first_step)
+    return {
+        "import_tf": marks["tf_imported"] - marks["task_start"],
+        "strategy_setup": marks["strategy_ready"] - marks["tf_imported"],
+        "load_shards": marks["data_loaded"] - marks["strategy_ready"],
+        "build_model": marks["fit_start"] - marks["data_loaded"],
+        "fit": fit_seconds,
+        "first_step": timer.first_step,
+        "train_steps": steps,
+        "validation": timer.validation,
+        "fit_other": max(0.0, fit_seconds - timer.total - timer.validation),
+        "save_model": marks["saved"] - marks["fit_end"],
+        "worker_total": marks["saved"] - marks["task_start"],
+        "task_start_at": marks["task_start"],  # wall clock; the launcher makes it relative
+    }
 
 
 def _callback_classes(tf: Any) -> tuple[Any, Any, Any]:
@@ -205,15 +262,29 @@ def _callback_classes(tf: Any) -> tuple[Any, Any, Any]:
             super().__init__()
             self.steps, self.epochs, self.total, self.last = steps, 0, 0.0, 0.0
             self._start = 0.0
+            # first_step: the first call of this process (tracing, first all-reduce).
+            self.first_step, self.step_count, self.validation = 0.0, 0, 0.0
+            self._val_start = 0.0
 
         def on_epoch_begin(self, epoch: int, logs: Any = None) -> None:
             self._start = time.perf_counter()
 
         def on_train_batch_end(self, batch: int, logs: Any = None) -> None:
-            if batch == self.steps - 1:
+            if self.step_count == 0:
+                self.first_step = time.perf_counter() - self._start
+            self.step_count += 1
+            # With steps_per_execution N this is called once per N steps, the last with
+            # batch == steps - 1.
+            if batch >= self.steps - 1:
                 self.last = time.perf_counter() - self._start
                 self.total += self.last
                 self.epochs += 1
+
+        def on_test_begin(self, logs: Any = None) -> None:
+            self._val_start = time.perf_counter()
+
+        def on_test_end(self, logs: Any = None) -> None:
+            self.validation += time.perf_counter() - self._val_start
 
     class EpochLog(base):  # type: ignore[misc,valid-type]
         """The chief appends each epoch's metrics to a JSON-lines file on shared storage, so
