@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any
 
 import pulumi
 import pulumi_docker as docker
@@ -78,23 +79,13 @@ class Node(pulumi.ComponentResource):
             mounts.append(
                 docker.ContainerMountArgs(type="volume", source=volume.name, target=target)
             )
-        ports = []
-        if spec.ui_port is not None:
-            ports.append(
-                docker.ContainerPortArgs(
-                    internal=SPARK_MASTER_UI_PORT,
-                    external=spec.ui_port or None,
-                    ip=args.bind_address,
-                )
-            )
-        if spec.monitoring_port is not None:
-            ports.append(
-                docker.ContainerPortArgs(
-                    internal=PROMETHEUS_PORT,
-                    external=spec.monitoring_port or None,
-                    ip=args.bind_address,
-                )
-            )
+        # Published ports: the master UI and Prometheus's, on the nodes that have them.
+        published = {SPARK_MASTER_UI_PORT: spec.ui_port, PROMETHEUS_PORT: spec.monitoring_port}
+        ports = [
+            docker.ContainerPortArgs(internal=inner, external=outer or None, ip=args.bind_address)
+            for inner, outer in published.items()
+            if outer is not None
+        ]
         memory = mebibytes(args.memory_bytes)
         container = docker.Container(
             f"{name}-container",
@@ -122,22 +113,15 @@ class Node(pulumi.ComponentResource):
         self.address = container.network_datas.apply(
             lambda nets: next((n.ip_address or "" for n in nets or []), "")
         )
-        self.ui_port = container.ports.apply(
-            lambda ps: next(
-                (
-                    int(p.external)
-                    for p in ps or []
-                    if p.internal == SPARK_MASTER_UI_PORT and p.external
-                ),
-                None,
-            )
-        )
-        self.monitoring_port = container.ports.apply(
-            lambda ps: next(
-                (int(p.external) for p in ps or [] if p.internal == PROMETHEUS_PORT and p.external),
-                None,
-            )
-        )
+        self.ui_port = container.ports.apply(lambda ps: _host_port(ps, SPARK_MASTER_UI_PORT))
+        self.monitoring_port = container.ports.apply(lambda ps: _host_port(ps, PROMETHEUS_PORT))
         self.register_outputs(
             {"container_id": self.container_id, "address": self.address, "ui_port": self.ui_port}
         )
+
+
+def _host_port(ports: Any, internal: int) -> int | None:
+    """The host port the engine published for `internal`, or None."""
+    return next(
+        (int(p.external) for p in ports or [] if p.internal == internal and p.external), None
+    )

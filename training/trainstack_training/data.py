@@ -275,21 +275,18 @@ def prepare(
             table, cfg, features, label_integral, train_dir, val_dir
         )
         phases["data_driver_prepare"] = time.perf_counter() - mark
-        info = DataInfo(
-            train_dir=str(train_dir.resolve()),
-            val_dir=str(val_dir.resolve()),
-            n_features=len(features),
-            n_classes=cfg.n_classes,
-            feature_cols=features,
-            shard_rows=shard_rows,
-            val_rows=val_rows,
-            total_rows=table.num_rows,
-            seconds=time.perf_counter() - start,
-            path="driver",
-            phases=phases,
+        return _finish(
+            cfg,
+            features,
+            train_dir,
+            val_dir,
+            shard_rows,
+            val_rows,
+            table.num_rows,
+            start,
+            "driver",
+            phases,
         )
-        _check_shards(info, cfg)
-        return info
 
     if before_distributed:
         before_distributed()
@@ -349,6 +346,33 @@ def prepare(
     shard_rows = [_parquet_rows(train_dir / f"shard={k}") for k in range(cfg.workers)]
     val_rows = _parquet_rows(val_dir)
     phases["data_spark_write"] = time.perf_counter() - mark
+    return _finish(
+        cfg,
+        features,
+        train_dir,
+        val_dir,
+        shard_rows,
+        val_rows,
+        int(stats["rows"]),
+        start,
+        "spark",
+        phases,
+    )
+
+
+def _finish(
+    cfg: TrainConfig,
+    features: list[str],
+    train_dir: Path,
+    val_dir: Path,
+    shard_rows: list[int],
+    val_rows: int,
+    total_rows: int,
+    start: float,
+    path: str,
+    phases: dict[str, float],
+) -> DataInfo:
+    """The data stage's result, either path, once its shards are checked."""
     info = DataInfo(
         train_dir=str(train_dir.resolve()),
         val_dir=str(val_dir.resolve()),
@@ -357,9 +381,9 @@ def prepare(
         feature_cols=features,
         shard_rows=shard_rows,
         val_rows=val_rows,
-        total_rows=int(stats["rows"]),
+        total_rows=total_rows,
         seconds=time.perf_counter() - start,
-        path="spark",
+        path=path,
         phases=phases,
     )
     _check_shards(info, cfg)
