@@ -84,6 +84,7 @@ class StackConfig:
     wheelhouse: str = "~/.cache/trainstack/wheelhouse"
     provision: bool = True
     provision_cpu_boost: bool = True
+    provision_mitogen: bool = True
     train: bool = True
     train_epochs: int = 10
     train_workers: int = 0

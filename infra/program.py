@@ -137,6 +137,7 @@ def main() -> None:
             wheelhouse=str(wheelhouse),
             artifacts_dir=str(artifacts / "ansible"),
             cpu_boost=config.provision_cpu_boost,
+            mitogen=config.provision_mitogen,
         ),
         opts=pulumi.ResourceOptions(depends_on=[cluster]),
     )

@@ -184,7 +184,7 @@ def inventory(
         for role in node.roles:
             groups[role]["hosts"][node.key] = {}
     all_vars: dict = {
-        "ansible_connection": "community.docker.docker",
+        "ansible_connection": "docker",
         "ansible_python_interpreter": "/usr/bin/python3",
         "trainstack_stack": prefix,
         "trainstack_spark_master_url": master_url(nodes),

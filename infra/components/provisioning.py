@@ -55,6 +55,10 @@ def tree_digest(root: Path = ROOT, sources: tuple[str, ...] = SOURCES) -> str:
     return digest.hexdigest()[:16]
 
 
+# Ansible's names for its Docker connection (`docker` is routed to the collection's plugin).
+DOCKER_CONNECTIONS = ("docker", "community.docker.docker")
+
+
 def docker_containers(inventory: dict[str, Any]) -> list[str]:
     """The containers of an inventory whose hosts Ansible reaches through Docker."""
     names: set[str] = set()
@@ -64,7 +68,7 @@ def docker_containers(inventory: dict[str, Any]) -> list[str]:
         for hostvars in (group.get("hosts") or {}).values():
             hostvars = hostvars or {}
             via = hostvars.get("ansible_connection", connection)
-            if via == "community.docker.docker" and hostvars.get("ansible_host"):
+            if via in DOCKER_CONNECTIONS and hostvars.get("ansible_host"):
                 names.add(str(hostvars["ansible_host"]))
         for child in (group.get("children") or {}).values():
             walk(child or {}, connection)
@@ -89,7 +93,7 @@ def integral(value: Any) -> Any:
 
 
 def _run_child(
-    playbook: str, wheelhouse: str, artifacts: Path, env: dict[str, str]
+    playbook: str, wheelhouse: str, artifacts: Path, env: dict[str, str], *, mitogen: bool = True
 ) -> tuple[int, list[str]]:
     """`python -m infra.provisioning` in a child process: its exit code and stdout lines.
 
@@ -109,6 +113,7 @@ def _run_child(
             wheelhouse,
             "--artifacts-dir",
             str(artifacts),
+            *([] if mitogen else ["--no-mitogen"]),
         ],
         cwd=ROOT,
         env=env,
@@ -138,7 +143,13 @@ class _PlaybookProvider(ResourceProvider):
                         file=sys.stderr,
                         flush=True,
                     )
-                code, lines = _run_child(props["playbook"], props["wheelhouse"], artifacts, env)
+                code, lines = _run_child(
+                    props["playbook"],
+                    props["wheelhouse"],
+                    artifacts,
+                    env,
+                    mitogen=props.get("mitogen", True) is not False,
+                )
         except EngineError as exc:
             raise UserFacingError(f"provisioning: {exc}") from None
         log = artifacts / "provisioning.log"
@@ -164,6 +175,7 @@ class _PlaybookProvider(ResourceProvider):
             "wheelhouse": props["wheelhouse"],
             "artifacts_dir": props["artifacts_dir"],
             "cpu_boost": bool(props.get("cpu_boost")),
+            "mitogen": props.get("mitogen", True) is not False,
             "stats": result["stats"],
             "duration_s": result["duration_s"],
         }
@@ -203,6 +215,8 @@ class ProvisioningArgs:
     playbook: str = "site.yml"
     # Lift the CPU limits of Docker nodes while the playbook runs (trainstack:provisionCpuBoost).
     cpu_boost: bool = False
+    # Run the playbook with Mitogen for Ansible (trainstack:provisionMitogen).
+    mitogen: bool = True
 
 
 class Provisioning(pulumi.ComponentResource):
@@ -226,6 +240,7 @@ class Provisioning(pulumi.ComponentResource):
                 "playbook": args.playbook,
                 "content_hash": content_hash,
                 "cpu_boost": args.cpu_boost,
+                "mitogen": args.mitogen,
             },
             pulumi.ResourceOptions(
                 parent=self, custom_timeouts=pulumi.CustomTimeouts(create="60m")

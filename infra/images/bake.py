@@ -2,7 +2,7 @@
 
 Mechanism (as Packer's docker builder with its Ansible provisioner): start a builder container
 from the base image, run ``playbooks/image.yml`` on it through
-``infra.provisioning.runner.run_playbook`` over the ``community.docker.docker`` connection (the
+``infra.provisioning.runner.run_playbook`` over the ``docker`` connection (the
 roles' install parts only: ``trainstack_bake=true`` skips every per-node configure part), then
 commit the container as ``<repository>:<digest>`` with supervisord as its main process. Why not
 a Dockerfile: it would be a second copy of the install steps that drifts from the roles, which
@@ -311,7 +311,7 @@ def _run_image_playbook(
         "all": {
             "hosts": {
                 "builder": {
-                    "ansible_connection": "community.docker.docker",
+                    "ansible_connection": "docker",
                     "ansible_host": container_name,
                     "ansible_python_interpreter": "/usr/bin/python3",
                 }

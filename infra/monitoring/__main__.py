@@ -26,7 +26,7 @@ PLAYBOOK = """\
   gather_facts: false
   vars:
     # The handlers (reload through supervisor) have nothing to do here.
-    __prometheus_program_added: {changed: true}
+    __prometheus_program: {changed: true}
   tasks:
     - name: Render prometheus.yml and rules.yml.
       ansible.builtin.include_role:

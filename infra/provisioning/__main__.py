@@ -30,6 +30,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--wheelhouse", type=Path, required=True, help="wheelhouse root")
     parser.add_argument("--artifacts-dir", type=Path, required=True, help="runner's data dir")
     parser.add_argument("--limit", default=None, help="Ansible host pattern to limit the run")
+    parser.add_argument(
+        "--no-mitogen",
+        action="store_true",
+        help="run with Ansible's own `free` strategy instead of Mitogen's `mitogen_free`",
+    )
     args = parser.parse_args(argv)
 
     import yaml  # JSON is YAML too
@@ -68,6 +73,7 @@ def main(argv: list[str] | None = None) -> int:
         on_event=show,
         artifacts_dir=args.artifacts_dir,
         limit=args.limit,
+        mitogen=not args.no_mitogen,
     )
     print(result.summary(), file=sys.stderr, flush=True)
     print(

@@ -28,7 +28,7 @@ class Node:
     """One server of the platform.
 
     ``name`` is the inventory hostname. For the local stack ``connection`` is
-    ``community.docker.docker`` and ``address`` the container name; for SSH hosts ``connection``
+    ``docker`` and ``address`` the container name; for SSH hosts ``connection``
     is ``ssh`` and ``address`` the IP or DNS name (``ssh_user`` / ``ssh_private_key_file``
     optional).
     """
@@ -36,7 +36,7 @@ class Node:
     name: str
     groups: list[str]
     address: str
-    connection: str = "community.docker.docker"
+    connection: str = "docker"
     zookeeper_id: int | None = None
     worker_cores: int | None = None
     worker_memory: str | None = None

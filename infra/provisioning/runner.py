@@ -183,6 +183,23 @@ def _all_hosts(inventory: dict[str, Any]) -> list[str]:
     return hosts
 
 
+def mitogen_env() -> dict[str, str]:
+    """The settings that run plays with Mitogen for Ansible's ``mitogen_free`` strategy.
+
+    Mitogen keeps one Python interpreter per host for the whole run and sends modules to it
+    over that channel, instead of one `docker exec` (or SSH session) and a fresh interpreter
+    per task: Ansible's per-task cost on the controller and the node is what provisioning a
+    node from the image waits for (docs/provisioning.md). It takes over the plain connection
+    names only (`docker`, `ssh`, `local`), which is why the inventory says `docker`; a play
+    that names its own strategy (bootstrap.yml, which may run before a node has Python) keeps
+    Ansible's.
+    """
+    import ansible_mitogen
+
+    strategies = Path(ansible_mitogen.__file__).parent / "plugins" / "strategy"
+    return {"ANSIBLE_STRATEGY_PLUGINS": str(strategies), "ANSIBLE_STRATEGY": "mitogen_free"}
+
+
 def run_playbook(
     inventory: dict[str, Any],
     playbook: str = "site.yml",
@@ -194,11 +211,14 @@ def run_playbook(
     forks: int = 10,
     verbosity: int = 0,
     envvars: dict[str, str] | None = None,
+    mitogen: bool = True,
 ) -> ProvisionResult:
     """Run ``playbook`` (a name in playbooks/ or a path) against ``inventory``.
 
     ``artifacts_dir`` is ansible-runner's private data dir, kept after the run: its
     ``artifacts/<ident>/`` holds stdout, job events and the command (without secrets).
+    ``mitogen``: run the plays that name no strategy with Mitogen for Ansible's
+    ``mitogen_free`` (see ``mitogen_env``); off, Ansible's own ``free`` (ansible.cfg).
     """
     started = time.monotonic()
     pdd = Path(artifacts_dir) if artifacts_dir else REPO_ROOT / ".provisioning" / "runner"
@@ -233,6 +253,8 @@ def run_playbook(
         "ANSIBLE_NOCOLOR": "1",
         "PYTHONUNBUFFERED": "1",
     }
+    if mitogen:
+        env.update(mitogen_env())
     env.update(envvars or {})
 
     failures: list[Failure] = []
@@ -266,6 +288,9 @@ def run_playbook(
     finally:
         os.environ["PATH"] = old_path
         extravars_file.unlink(missing_ok=True)
+        # ansible-runner saves the environment it was given here and reads it back on the next
+        # run in this directory: each run names its own (e.g. with or without Mitogen).
+        (pdd / "env" / "envvars").unlink(missing_ok=True)
 
     hosts = _all_hosts(clean_inventory)
     stats = _normalize_stats(runner.stats, hosts if not limit else [])

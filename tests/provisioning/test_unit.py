@@ -132,7 +132,7 @@ def test_default_inventory_contract():
     assert inv.hosts_in_group(data, "spark_worker") == ["worker-1", "worker-2"]
     assert inv.hosts_in_group(data, "tensorflow") == ["worker-1", "worker-2"]
     hv = data["all"]["hosts"]["worker-1"]
-    assert hv["ansible_connection"] == "community.docker.docker"
+    assert hv["ansible_connection"] == "docker"
     assert hv["ansible_host"] == "t-worker-1"
     assert hv["trainstack_spark_worker_memory"] == "1g"
     assert data["all"]["hosts"]["control-2"]["trainstack_zookeeper_id"] == 2

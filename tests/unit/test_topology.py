@@ -39,7 +39,7 @@ def test_inventory_groups_and_host_vars():
     worker = groups["workers"]["hosts"]["worker-3"]
     assert worker["ansible_host"] == "trainstack-dev-worker-3"
     assert worker["trainstack_spark_worker_cores"] == 1
-    assert inv["all"]["vars"]["ansible_connection"] == "community.docker.docker"
+    assert inv["all"]["vars"]["ansible_connection"] == "docker"
     assert inv["all"]["vars"]["trainstack_zookeeper_connect"] == (
         "control-1:2181,control-2:2181,control-3:2181"
     )
