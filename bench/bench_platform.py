@@ -7,8 +7,9 @@ splits the first `up` into phases: the node image (0 when the engine has it), se
 provisioning, the job's data stage and training (the rest of the job: Spark start-up,
 copying results). `--rebake` removes the current node image first, so the first `up`
 bakes it; a second provisioning run is timed and its changed count reported.
-`--no-boost-too` then provisions a second stack with `provisionCpuBoost=false` (servers and
-provisioning only), for the effect of the start-up CPU boost side by side.
+`--also KEY=VALUE` (repeatable) then provisions one more stack per setting, e.g.
+`--also provisionCpuBoost=false --also provisionMitogen=false` (servers and provisioning only),
+for the effect of each side by side in the same run.
 """
 
 from __future__ import annotations
@@ -83,9 +84,11 @@ def main() -> None:
     parser.add_argument("--epochs", type=int, default=10)
     parser.add_argument("--rebake", action="store_true", help="bake the node image again")
     parser.add_argument(
-        "--no-boost-too",
-        action="store_true",
-        help="also provision a second stack with provisionCpuBoost=false (servers only)",
+        "--also",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="also provision a stack with this trainstack setting (servers and provisioning only)",
     )
     args = parser.parse_args()
     if args.rebake:
@@ -110,14 +113,15 @@ def main() -> None:
         finally:
             stack.destroy_and_remove()
 
-    without_boost = None
-    if args.no_boost_too:
+    variants: dict[str, float] = {}
+    for setting in args.also:
+        key, _, value = setting.partition("=")
         with tempfile.TemporaryDirectory() as state:
             other = Stack(Path(state), prefix="tsbench")
-            other.init(uiPortBase="0", train="false", provisionCpuBoost="false")
+            other.init(uiPortBase="0", train="false", **{key: value})
             try:
                 other.up()
-                without_boost = float(other.outputs()["provisioning"]["duration_s"])
+                variants[setting] = float(other.outputs()["provisioning"]["duration_s"])
             finally:
                 other.destroy_and_remove()
 
@@ -147,7 +151,7 @@ def main() -> None:
             h: s["changed"] for h, s in outputs["provisioning"]["hosts"].items()
         },
         "second_provisioning": second,
-        "provisioning_without_cpu_boost_s": without_boost,
+        "provisioning_with_s": variants,
         "up_no_change_s": no_change,
         "destroy_s": destroy,
         "cpus": os.cpu_count(),
