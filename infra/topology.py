@@ -228,6 +228,10 @@ def inventory(
         "trainstack_spark_master_url": master_url(nodes, reach),
         "trainstack_zookeeper_connect": zookeeper_connect(nodes, reach),
     }
+    if servers is not None:
+        # ansible.cfg turns host key checking off for the docker connection; real servers'
+        # keys are checked (known_hosts is the ssh target's to write from what `up` saw).
+        all_vars["ansible_host_key_checking"] = True
     all_vars.update(monitoring_vars(config, nodes, reach))
     if node_image:
         # The nodes start from this baked image: every install is already done.

@@ -174,6 +174,7 @@ def test_the_one_inventory_builder_makes_an_ssh_inventory_of_a_server_list(key_f
     inv = topology.inventory(config, "trainstack-prod", nodes, servers=servers)
     all_vars = inv["all"]["vars"]
     assert all_vars["ansible_connection"] == "ssh"
+    assert all_vars["ansible_host_key_checking"] is True  # ansible.cfg's False is for docker
     assert all_vars["trainstack_spark_master_url"] == "spark://192.0.2.10:7077,192.0.2.11:7077"
     assert all_vars["trainstack_zookeeper_connect"] == (
         "192.0.2.10:2181,192.0.2.11:2181,10.0.0.12:2181"
@@ -209,6 +210,7 @@ def test_without_a_key_file_ssh_chooses_and_the_docker_inventory_is_unchanged():
     assert "ansible_ssh_private_key_file" not in host
     docker = topology.inventory(config, "p", topology.plan(config))
     assert docker["all"]["vars"]["ansible_connection"] == "community.docker.docker"
+    assert "ansible_host_key_checking" not in docker["all"]["vars"]
     assert docker["all"]["vars"]["trainstack_spark_master_url"] == (
         "spark://control-1:7077,control-2:7077"
     )
