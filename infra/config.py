@@ -8,9 +8,14 @@ value and what is allowed, before any resource is declared.
 
 from __future__ import annotations
 
+import ipaddress
+import json
+import os
 import re
+import stat
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, fields
+from pathlib import Path
 from typing import Any
 
 NAMESPACE = "trainstack"
@@ -34,6 +39,233 @@ _DURATION_SECONDS = {
 
 class ConfigError(ValueError):
     """One or more configuration values are invalid; the message lists each of them."""
+
+
+# Targets: how the nodes come to exist (docs/targets.md). Only `docker` is selectable.
+TARGETS = ("docker", "ssh", "aws")
+SELECTABLE_TARGETS = ("docker",)
+# What a server can run: the inventory groups the roles install (docs/provisioning.md).
+ROLES = ("zookeeper", "spark_master", "spark_worker", "tensorflow", "monitoring")
+_HOST_NAME = re.compile(r"^[a-z0-9](?:[a-z0-9-]{0,61}[a-z0-9])?$")
+_DNS_NAME = re.compile(
+    r"^(?=.{1,253}$)[a-z0-9](?:[a-z0-9-]{0,61}[a-z0-9])?(?:\.[a-z0-9](?:[a-z0-9-]{0,61}[a-z0-9])?)*$",
+    re.IGNORECASE,
+)
+_UNIX_USER = re.compile(r"^[a-z_][a-z0-9_-]{0,31}$")
+_AWS_REGION = re.compile(r"^[a-z]{2}(?:-[a-z]+)+-\d+$")
+_AWS_INSTANCE_TYPE = re.compile(r"^[a-z][a-z0-9-]*\.[a-z0-9]+$")
+_SSH_PUBLIC_KEY = re.compile(
+    r"^(ssh-ed25519|ssh-rsa|ecdsa-sha2-nistp(?:256|384|521)|sk-ssh-ed25519@openssh\.com)"
+    r" [A-Za-z0-9+/]+={0,3}(?: \S.*)?$"
+)
+# A narrower operator CIDR than this opens SSH and the UIs to a large part of the internet.
+MIN_OPERATOR_PREFIX = 8
+
+
+@dataclass(frozen=True)
+class Server:
+    """One server the ssh target provisions: an existing machine (`trainstack:servers`) or
+    an instance the aws target declared (its outputs are these records).
+
+    `address` is where the control machine connects; `node_address` what the other nodes
+    use to reach this one (a private address; "": `address`). An empty `private_key_file`
+    leaves the key to ssh (agent, ~/.ssh/id_*).
+    """
+
+    name: str
+    address: str
+    user: str
+    roles: tuple[str, ...]
+    port: int = 22
+    private_key_file: str = ""
+    node_address: str = ""
+
+    @property
+    def reach(self) -> str:
+        return self.node_address or self.address
+
+    @property
+    def group(self) -> str:
+        return "workers" if "spark_worker" in self.roles else "control"
+
+    def as_dict(self) -> dict[str, Any]:
+        """The record as the config key and the aws target's outputs spell it."""
+        return {
+            "name": self.name,
+            "address": self.address,
+            "nodeAddress": self.node_address,
+            "port": self.port,
+            "user": self.user,
+            "privateKeyFile": self.private_key_file,
+            "roles": list(self.roles),
+        }
+
+
+_SERVER_FIELDS = {
+    "name": "name",
+    "address": "address",
+    "nodeAddress": "node_address",
+    "port": "port",
+    "user": "user",
+    "privateKeyFile": "private_key_file",
+    "roles": "roles",
+}
+_SERVER_REQUIRED = ("name", "address", "user", "roles")
+
+
+def _address_error(value: Any) -> str | None:
+    if not isinstance(value, str) or not value:
+        return f"{value!r} is not an IP address or DNS name"
+    try:
+        ipaddress.ip_address(value)
+        return None
+    except ValueError:
+        pass
+    if _DNS_NAME.match(value) and not value.replace(".", "").isdigit():
+        return None
+    return f"{value!r} is not an IP address or DNS name (e.g. 10.0.0.5 or node1.example.org)"
+
+
+def key_file_error(value: Any) -> str | None:
+    """Why ssh could not use `value` as a private key file, or None.
+
+    Checked before anything is created: ssh itself refuses a key that others can read.
+    """
+    if not isinstance(value, str) or not value:
+        return f"{value!r} is not a path"
+    path = Path(value).expanduser()
+    if not path.is_absolute():
+        return (
+            f"{value!r} is a relative path; give an absolute path or one under ~ "
+            "(the program's working directory is not yours)"
+        )
+    if not path.is_file():
+        return f"{value!r} does not exist or is not a file"
+    if not os.access(path, os.R_OK):
+        return f"{value!r} is not readable by this user"
+    mode = stat.S_IMODE(path.stat().st_mode)
+    if mode & 0o077:
+        return (
+            f"{value!r} has mode {mode:04o}, readable by others; ssh refuses such keys: "
+            f"chmod 600 {value}"
+        )
+    return None
+
+
+def _server_entry(key: str, entry: Any, errors: list[str]) -> Server | None:
+    if not isinstance(entry, Mapping):
+        errors.append(
+            f"{key}: {entry!r} is not a server; give a mapping with " + ", ".join(_SERVER_FIELDS)
+        )
+        return None
+    problems: list[str] = []
+    for field_name in sorted(set(entry) - set(_SERVER_FIELDS)):
+        problems.append(f"{key}.{field_name}: unknown field; allowed: {', '.join(_SERVER_FIELDS)}")
+    for field_name in _SERVER_REQUIRED:
+        if field_name not in entry:
+            problems.append(f"{key}.{field_name}: missing; every server needs it")
+    name = entry.get("name", "")
+    if "name" in entry and not (isinstance(name, str) and _HOST_NAME.match(name)):
+        problems.append(
+            f"{key}.name: {name!r} is not a host name; use lowercase letters, digits and '-', "
+            "not starting or ending with '-', at most 63 characters"
+        )
+    for field_name in ("address", "nodeAddress"):
+        given = field_name in entry and (field_name == "address" or entry[field_name] != "")
+        if given and (msg := _address_error(entry[field_name])):
+            problems.append(f"{key}.{field_name}: {msg}")
+    port = entry.get("port", 22)
+    if isinstance(port, str) and port.strip().isdigit():
+        port = int(port)
+    if isinstance(port, bool) or not isinstance(port, int) or not 1 <= port <= 65535:
+        problems.append(f"{key}.port: {entry.get('port')!r} is not a port; allowed is 1..65535")
+    user = entry.get("user", "")
+    if "user" in entry and not (isinstance(user, str) and _UNIX_USER.match(user)):
+        problems.append(
+            f"{key}.user: {user!r} is not a user name; use lowercase letters, digits, '_' "
+            "and '-', starting with a letter or '_', at most 32 characters"
+        )
+    key_file = entry.get("privateKeyFile", "")
+    if key_file != "" and (msg := key_file_error(key_file)):
+        problems.append(f"{key}.privateKeyFile: {msg}")
+    roles = entry.get("roles", [])
+    if isinstance(roles, str):
+        roles = [r.strip() for r in roles.split(",") if r.strip()]
+    if not isinstance(roles, list | tuple) or ("roles" in entry and not roles):
+        problems.append(
+            f"{key}.roles: {entry.get('roles')!r} is not a non-empty list of roles; "
+            f"allowed roles: {', '.join(ROLES)}"
+        )
+        roles = []
+    for role in roles:
+        if role not in ROLES:
+            problems.append(f"{key}.roles: {role!r} is not a role; allowed: {', '.join(ROLES)}")
+    if len(set(roles)) != len(roles):
+        problems.append(f"{key}.roles: {list(roles)!r} names a role twice")
+    if problems:
+        errors.extend(problems)
+        return None
+    return Server(
+        name=name,
+        address=entry["address"],
+        user=user,
+        roles=tuple(roles),
+        port=port,
+        private_key_file=key_file,
+        node_address=entry.get("nodeAddress", ""),
+    )
+
+
+def server_list_errors(servers: tuple[Server, ...], key: str = f"{NAMESPACE}:servers") -> list[str]:
+    """What makes a list of valid servers not a cluster the roles can build."""
+    errors: list[str] = []
+    names = [s.name for s in servers]
+    for name in sorted({n for n in names if names.count(n) > 1}):
+        errors.append(f"{key}: the name {name!r} is used by more than one server")
+    endpoints = [(s.address, s.port) for s in servers]
+    for address, port in sorted({e for e in endpoints if endpoints.count(e) > 1}):
+        errors.append(f"{key}: {address}:{port} is listed more than once (one server, one entry)")
+    count = {role: sum(role in s.roles for s in servers) for role in ROLES}
+    if count["zookeeper"] % 2 == 0:
+        errors.append(
+            f"{key}: {count['zookeeper']} servers have the role zookeeper; an ensemble needs "
+            "an odd number (1, 3, 5) so a majority survives a loss"
+        )
+    for role in ("spark_master", "spark_worker"):
+        if count[role] == 0:
+            errors.append(f"{key}: no server has the role {role}; at least one must")
+    if count["monitoring"] > 1:
+        errors.append(
+            f"{key}: {count['monitoring']} servers have the role monitoring; at most one may"
+        )
+    for s in servers:
+        if "tensorflow" in s.roles and "spark_worker" not in s.roles:
+            errors.append(
+                f"{key}: server {s.name!r} has the role tensorflow without spark_worker; "
+                "TensorFlow runs in the Spark workers' executors"
+            )
+    return errors
+
+
+def parse_servers(value: Any) -> tuple[tuple[Server, ...], list[str]]:
+    """`trainstack:servers` (a JSON list as Pulumi stores it, or a list) -> (servers, errors).
+
+    Every problem of an entry is reported, each naming the entry, the field, the value and
+    what is allowed; the cluster-wide rules (`server_list_errors`) are the config's checks.
+    """
+    key = f"{NAMESPACE}:servers"
+    if isinstance(value, str):
+        try:
+            value = json.loads(value) if value.strip() else []
+        except json.JSONDecodeError as exc:
+            return (), [f"{key}: not a JSON list of servers ({exc.msg} at column {exc.colno})"]
+    if not isinstance(value, list | tuple):
+        return (), [f"{key}: {value!r} is not a list of servers"]
+    errors: list[str] = []
+    servers = [_server_entry(f"{key}[{i}]", entry, errors) for i, entry in enumerate(value)]
+    if errors:
+        return (), errors
+    return tuple(s for s in servers if s is not None), []
 
 
 def parse_size(value: str) -> int:
@@ -100,6 +332,17 @@ class StackConfig:
     monitoring_scrape_interval: str = "5s"
     monitoring_alert_for: str = "1m"
     monitoring_progress_timeout: str = "10m"
+    # Targets (docs/targets.md): only docker is selectable.
+    target: str = "docker"
+    servers: tuple[Server, ...] = ()  # the ssh target's server list (not built yet)
+    # The aws target, on paper: tested under Pulumi's mocks only.
+    aws_region: str = "us-east-1"
+    aws_operator_cidr: str = ""
+    aws_control_instance_type: str = "t3.medium"
+    aws_worker_instance_type: str = "m6i.xlarge"
+    aws_public_key: str = ""
+    aws_private_key_file: str = ""
+    aws_data_volume_gb: int = 50
 
     @classmethod
     def config_keys(cls) -> dict[str, str]:
@@ -122,6 +365,10 @@ class StackConfig:
             if key not in raw:
                 continue
             default = getattr(defaults, attr)
+            if isinstance(default, tuple):  # trainstack:servers, a structured value
+                values[attr], problems = parse_servers(raw[key])
+                errors.extend(problems)
+                continue
             try:
                 values[attr] = _coerce(raw[key], type(default))
             except ValueError:
@@ -349,6 +596,125 @@ def _monitoring_port(c: StackConfig) -> str | None:
     return None
 
 
+def _target(c: StackConfig) -> str | None:
+    if c.target == "ssh":
+        return (
+            f"{_key('target')}: 'ssh' is not built yet (issue 13): {_key('servers')} is "
+            "validated, but nothing connects to servers; use docker (docs/targets.md)"
+        )
+    if c.target == "aws":
+        return (
+            f"{_key('target')}: 'aws' has only run under Pulumi's mocks, never against a real "
+            "account, and it feeds the ssh target, which is not built yet; use docker "
+            "(docs/targets.md)"
+        )
+    if c.target not in SELECTABLE_TARGETS:
+        return (
+            f"{_key('target')}: {c.target!r} is not a target; allowed: "
+            f"{', '.join(SELECTABLE_TARGETS)} (planned: ssh, aws; docs/targets.md)"
+        )
+    return None
+
+
+def _server_list(c: StackConfig) -> str | None:
+    if not c.servers:
+        return None
+    if c.target != "ssh":
+        return (
+            f"{_key('servers')}: only the ssh target takes a server list; "
+            f"{_key('target')} is {c.target!r}, which makes its own nodes"
+        )
+    return "\n  ".join(server_list_errors(c.servers)) or None
+
+
+def _aws_region(c: StackConfig) -> str | None:
+    if not _AWS_REGION.match(c.aws_region):
+        return f"{_key('aws_region')}: {c.aws_region!r} is not an AWS region (e.g. eu-central-1)"
+    return None
+
+
+def _aws_instance_type(attr: str) -> Callable[[StackConfig], str | None]:
+    def check(c: StackConfig) -> str | None:
+        value = getattr(c, attr)
+        if not _AWS_INSTANCE_TYPE.match(value):
+            return f"{_key(attr)}: {value!r} is not an EC2 instance type (e.g. t3.medium)"
+        return None
+
+    return check
+
+
+def _aws_operator_cidr(c: StackConfig) -> str | None:
+    if not c.aws_operator_cidr:
+        return None  # required by the aws target only (require_aws)
+    key, value = _key("aws_operator_cidr"), c.aws_operator_cidr
+    try:
+        network = ipaddress.IPv4Network(value, strict=True)
+    except ValueError:
+        return (
+            f"{key}: {value!r} is not an IPv4 network with its host bits zero; give your own "
+            "address as a /32 (e.g. 203.0.113.7/32)"
+        )
+    if network.prefixlen < MIN_OPERATOR_PREFIX:
+        return (
+            f"{key}: {value!r} opens SSH and the UIs to {network.num_addresses} addresses, "
+            f"the internet or much of it; allowed is /{MIN_OPERATOR_PREFIX} or narrower "
+            "(your own address as a /32, e.g. 203.0.113.7/32)"
+        )
+    return None
+
+
+def _aws_public_key(c: StackConfig) -> str | None:
+    value = c.aws_public_key.strip()
+    if not value:
+        return None  # required by the aws target only (require_aws)
+    key = _key("aws_public_key")
+    if "PRIVATE KEY" in value:
+        # Never echo it: it is a secret that was put where a public key belongs.
+        return (
+            f"{key}: the value is a private key (not shown); give the public key, the "
+            "one-line contents of the .pub file, and remove the private key from the config"
+        )
+    if not _SSH_PUBLIC_KEY.match(value):
+        shown = value if len(value) <= 40 else value[:37] + "..."
+        return (
+            f"{key}: {shown!r} is not an OpenSSH public key; give the one line of the .pub "
+            "file (ssh-ed25519 AAAA..., ssh-rsa AAAA... or ecdsa-sha2-nistp256 AAAA...)"
+        )
+    return None
+
+
+def _aws_private_key_file(c: StackConfig) -> str | None:
+    if c.aws_private_key_file and (msg := key_file_error(c.aws_private_key_file)):
+        return f"{_key('aws_private_key_file')}: {msg}"
+    return None
+
+
+def _aws_data_volume(c: StackConfig) -> str | None:
+    if not 1 <= c.aws_data_volume_gb <= 16384:
+        return (
+            f"{_key('aws_data_volume_gb')}: {c.aws_data_volume_gb} is out of range; "
+            "allowed is 1..16384 (GiB of gp3)"
+        )
+    return None
+
+
+def require_aws(c: StackConfig) -> None:
+    """What the aws target needs beyond the checked values; raised before any resource."""
+    missing = [
+        f"{_key(attr)}: not set; {why}"
+        for attr, why in (
+            (
+                "aws_operator_cidr",
+                "the only network SSH and the UIs are open to (e.g. 203.0.113.7/32)",
+            ),
+            ("aws_public_key", "the public key the instances accept for the user admin"),
+        )
+        if not getattr(c, attr).strip()
+    ]
+    if missing:
+        raise ConfigError("invalid configuration:\n  " + "\n  ".join(missing))
+
+
 _CHECKS: list[Callable[[StackConfig], str | None]] = [
     _min("control_nodes", 1),
     _min("masters", 1),
@@ -378,6 +744,15 @@ _CHECKS: list[Callable[[StackConfig], str | None]] = [
     _duration_check("monitoring_scrape_interval", 1),
     _duration_check("monitoring_alert_for", 0),
     _duration_check("monitoring_progress_timeout", 60),
+    _target,
+    _server_list,
+    _aws_region,
+    _aws_instance_type("aws_control_instance_type"),
+    _aws_instance_type("aws_worker_instance_type"),
+    _aws_operator_cidr,
+    _aws_public_key,
+    _aws_private_key_file,
+    _aws_data_volume,
 ]
 
 

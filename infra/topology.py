@@ -6,9 +6,10 @@ without Pulumi, and the components only turn this plan into resources.
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
-from infra.config import StackConfig
+from infra.config import ROLES, Server, StackConfig
 
 SPARK_MASTER_PORT = 7077
 SPARK_MASTER_UI_PORT = 8080
@@ -16,6 +17,7 @@ ZOOKEEPER_CLIENT_PORT = 2181
 PROMETHEUS_PORT = 9090
 PUSHGATEWAY_PORT = 9091
 MONITORING_ROLE = "monitoring"
+GROUPS = ("control", "workers", *ROLES)
 
 # Where the roles expect each volume (docs/provisioning.md is the contract).
 SHARED_MOUNTS = {
@@ -102,30 +104,61 @@ def plan(config: StackConfig) -> list[NodeSpec]:
     return nodes
 
 
+def server_plan(config: StackConfig, servers: Sequence[Server]) -> list[NodeSpec]:
+    """The nodes of a server list (the ssh target): each server as it was listed, with its
+    own roles; ZooKeeper ids in list order. Sizes are the servers' own, so `cpus` and
+    `memory` are the config's per group (only the docker target enforces them)."""
+    nodes: list[NodeSpec] = []
+    zookeeper_id = 0
+    for server in servers:
+        if "zookeeper" in server.roles:
+            zookeeper_id += 1
+        control = server.group == "control"
+        nodes.append(
+            NodeSpec(
+                key=server.name,
+                group=server.group,
+                roles=server.roles,
+                cpus=config.control_cpus if control else config.worker_cpus,
+                memory=config.control_memory if control else config.worker_memory,
+                zookeeper_id=zookeeper_id if "zookeeper" in server.roles else None,
+            )
+        )
+    return nodes
+
+
 def resource_prefix(config: StackConfig, stack: str) -> str:
     """Engine-side names start with this, so stacks live side by side on one engine."""
     return f"{config.name_prefix}-{stack}"
 
 
-def master_url(nodes: list[NodeSpec]) -> str:
-    masters = [n.key for n in nodes if n.is_master]
+def master_url(nodes: list[NodeSpec], reach: Mapping[str, str] | None = None) -> str:
+    """`reach`: node key -> the address other nodes use (default: the key, a hostname)."""
+    reach = reach or {}
+    masters = [reach.get(n.key, n.key) for n in nodes if n.is_master]
     return "spark://" + ",".join(f"{m}:{SPARK_MASTER_PORT}" for m in masters)
 
 
-def zookeeper_connect(nodes: list[NodeSpec]) -> str:
-    return ",".join(f"{n.key}:{ZOOKEEPER_CLIENT_PORT}" for n in nodes if n.zookeeper_id)
+def zookeeper_connect(nodes: list[NodeSpec], reach: Mapping[str, str] | None = None) -> str:
+    reach = reach or {}
+    return ",".join(
+        f"{reach.get(n.key, n.key)}:{ZOOKEEPER_CLIENT_PORT}" for n in nodes if n.zookeeper_id
+    )
 
 
 def monitoring_node(nodes: list[NodeSpec]) -> NodeSpec | None:
     return next((n for n in nodes if n.is_monitoring), None)
 
 
-def monitoring_vars(config: StackConfig, nodes: list[NodeSpec]) -> dict:
+def monitoring_vars(
+    config: StackConfig, nodes: list[NodeSpec], reach: Mapping[str, str] | None = None
+) -> dict:
     """Inventory variables of the monitoring roles (docs/monitoring.md)."""
+    reach = reach or {}
     node = monitoring_node(nodes)
     if node is None:
         return {"trainstack_monitoring_enabled": False}
-    workers = [n.key for n in nodes if "spark_worker" in n.roles]
+    workers = [reach.get(n.key, n.key) for n in nodes if "spark_worker" in n.roles]
     return {
         "trainstack_monitoring_enabled": True,
         "trainstack_monitoring_scrape_interval": config.monitoring_scrape_interval,
@@ -134,7 +167,7 @@ def monitoring_vars(config: StackConfig, nodes: list[NodeSpec]) -> dict:
         "trainstack_monitoring_progress_timeout_seconds": (
             config.monitoring_progress_timeout_seconds
         ),
-        "trainstack_pushgateway_url": f"http://{node.key}:{PUSHGATEWAY_PORT}",
+        "trainstack_pushgateway_url": f"http://{reach.get(node.key, node.key)}:{PUSHGATEWAY_PORT}",
         # The training job's driver runs on the first worker (its UI has the executors' metrics).
         "trainstack_spark_driver_host": workers[0] if workers else "",
     }
@@ -150,31 +183,36 @@ def inventory(
     nodes: list[NodeSpec],
     addresses: dict[str, str] | None = None,
     node_image: str | None = None,
+    servers: Sequence[Server] | None = None,
 ) -> dict:
-    """An Ansible YAML inventory (as a dict) for the local stack's containers.
+    """An Ansible YAML inventory (as a dict) for the stack's nodes.
 
-    Nodes reach each other by hostname (the network alias), which stays the same when a
-    container is recreated; `trainstack_ip_address` is informational.
+    Docker target (`servers` None): Ansible reaches the containers by name, and nodes reach
+    each other by hostname (the network alias), which stays the same when a container is
+    recreated; `trainstack_ip_address` is informational.
+    Server list (`servers`, one per node, by name): Ansible connects over ssh to each
+    server's address, port and user (the playbooks become root for a non-root user), and
+    nodes reach each other at the servers' node addresses.
     """
     addresses = addresses or {}
-    groups: dict[str, dict] = {
-        name: {"hosts": {}}
-        for name in (
-            "control",
-            "workers",
-            "zookeeper",
-            "spark_master",
-            "spark_worker",
-            "tensorflow",
-            MONITORING_ROLE,
+    by_name = {s.name: s for s in servers or ()}
+    if servers is not None and set(by_name) != {n.key for n in nodes}:
+        raise ValueError(
+            f"servers {sorted(by_name)} do not match the nodes {sorted(n.key for n in nodes)}"
         )
-    }
+    reach = {name: s.reach for name, s in by_name.items()}
+    groups: dict[str, dict] = {name: {"hosts": {}} for name in GROUPS}
     for node in nodes:
-        host: dict = {
-            "ansible_host": f"{prefix}-{node.key}",
-            "trainstack_node_address": node.key,
-            "trainstack_ip_address": addresses.get(node.key, ""),
-        }
+        server = by_name.get(node.key)
+        host: dict = (
+            _ssh_host(server)
+            if server
+            else {
+                "ansible_host": f"{prefix}-{node.key}",
+                "trainstack_node_address": node.key,
+                "trainstack_ip_address": addresses.get(node.key, ""),
+            }
+        )
         if node.zookeeper_id is not None:
             host["trainstack_zookeeper_id"] = node.zookeeper_id
         if "spark_worker" in node.roles:
@@ -184,14 +222,32 @@ def inventory(
         for role in node.roles:
             groups[role]["hosts"][node.key] = {}
     all_vars: dict = {
-        "ansible_connection": "docker",
+        "ansible_connection": "ssh" if servers is not None else "docker",
         "ansible_python_interpreter": "/usr/bin/python3",
         "trainstack_stack": prefix,
-        "trainstack_spark_master_url": master_url(nodes),
-        "trainstack_zookeeper_connect": zookeeper_connect(nodes),
+        "trainstack_spark_master_url": master_url(nodes, reach),
+        "trainstack_zookeeper_connect": zookeeper_connect(nodes, reach),
     }
-    all_vars.update(monitoring_vars(config, nodes))
+    if servers is not None:
+        # ansible.cfg turns host key checking off for the docker connection; real servers'
+        # keys are checked (known_hosts is the ssh target's to write from what `up` saw).
+        all_vars["ansible_host_key_checking"] = True
+    all_vars.update(monitoring_vars(config, nodes, reach))
     if node_image:
         # The nodes start from this baked image: every install is already done.
         all_vars["trainstack_node_image"] = node_image
     return {"all": {"vars": all_vars, "children": groups}}
+
+
+def _ssh_host(server: Server) -> dict:
+    """Host variables of a server Ansible reaches over ssh (host keys are checked)."""
+    host: dict = {
+        "ansible_host": server.address,
+        "ansible_port": server.port,
+        "ansible_user": server.user,
+        "trainstack_node_address": server.reach,
+        "trainstack_ip_address": server.reach,
+    }
+    if server.private_key_file:
+        host["ansible_ssh_private_key_file"] = server.private_key_file
+    return host

@@ -25,7 +25,9 @@ def test_unreachable_node_is_named(provisioned):
     inventory["all"]["children"]["workers"]["hosts"]["ghost"] = {}
     result = provisioned.run(inventory=inventory, limit="ghost")
     failure = _only_failures_on(result, "ghost")
-    assert failure.task == "Ensure python3 and python3-apt are installed (raw, before facts can be gathered)."
+    assert failure.task == (
+        "Ensure python3 and python3-apt are installed (raw, before facts can be gathered)."
+    )
     # Over SSH this is "unreachable"; the Docker connection reports the engine's answer as a
     # failure of the first task. Either way the host, the task and the cause are named.
     assert failure.unreachable or "No such container" in failure.message, failure
