@@ -99,6 +99,10 @@ class StackConfig:
     monitoring_scrape_interval: str = "5s"
     monitoring_alert_for: str = "1m"
     monitoring_progress_timeout: str = "10m"
+    # Security (docs/security.md).
+    spark_network_crypto: bool = True  # AES-based RPC and block transfer encryption
+    spark_io_encryption: bool = False  # encrypt shuffle and spill files on the nodes' disks
+    rotate_secrets: str = ""  # a new token makes new cluster secrets on the next `up`
 
     @classmethod
     def config_keys(cls) -> dict[str, str]:
@@ -348,6 +352,15 @@ def _monitoring_port(c: StackConfig) -> str | None:
     return None
 
 
+def _rotate_token(c: StackConfig) -> str | None:
+    if c.rotate_secrets and not re.match(r"^[A-Za-z0-9._:-]{1,64}$", c.rotate_secrets):
+        return (
+            f"{_key('rotate_secrets')}: {c.rotate_secrets!r} is not a token; use 1..64 letters, "
+            "digits and '.', '_', ':', '-' (e.g. a date: 2026-11-30)"
+        )
+    return None
+
+
 _CHECKS: list[Callable[[StackConfig], str | None]] = [
     _min("control_nodes", 1),
     _min("masters", 1),
@@ -377,6 +390,7 @@ _CHECKS: list[Callable[[StackConfig], str | None]] = [
     _duration_check("monitoring_scrape_interval", 1),
     _duration_check("monitoring_alert_for", 0),
     _duration_check("monitoring_progress_timeout", 60),
+    _rotate_token,
 ]
 
 

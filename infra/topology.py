@@ -189,6 +189,8 @@ def inventory(
         "trainstack_stack": prefix,
         "trainstack_spark_master_url": master_url(nodes),
         "trainstack_zookeeper_connect": zookeeper_connect(nodes),
+        "trainstack_spark_network_crypto": config.spark_network_crypto,
+        "trainstack_spark_io_encryption": config.spark_io_encryption,
     }
     all_vars.update(monitoring_vars(config, nodes))
     if node_image:

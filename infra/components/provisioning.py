@@ -161,6 +161,7 @@ class _PlaybookProvider(ResourceProvider):
             "playbook": props["playbook"],
             "inventory": props["inventory"],
             "content_hash": props["content_hash"],
+            "secret_id": props.get("secret_id", ""),
             "wheelhouse": props["wheelhouse"],
             "artifacts_dir": props["artifacts_dir"],
             "cpu_boost": bool(props.get("cpu_boost")),
@@ -173,7 +174,8 @@ class _PlaybookProvider(ResourceProvider):
         return CreateResult(f"provisioning-{props['content_hash']}", outs)
 
     def diff(self, id_: str, olds: dict[str, Any], news: dict[str, Any]) -> DiffResult:
-        keys = ["playbook", "inventory", "content_hash", "wheelhouse"]
+        # secret_id: the cluster secret's resource id, new on rotation (never the value).
+        keys = ["playbook", "inventory", "content_hash", "secret_id", "wheelhouse"]
         changed = [k for k in keys if olds.get(k) != news.get(k)]
         return DiffResult(changes=bool(changed), replaces=[], stables=[])
 
@@ -203,6 +205,8 @@ class ProvisioningArgs:
     playbook: str = "site.yml"
     # Lift the CPU limits of Docker nodes while the playbook runs (trainstack:provisionCpuBoost).
     cpu_boost: bool = False
+    # The secret's resource id: a rotated secret re-runs the playbook.
+    secret_id: pulumi.Input[str] = ""
 
 
 class Provisioning(pulumi.ComponentResource):
@@ -225,6 +229,7 @@ class Provisioning(pulumi.ComponentResource):
                 "artifacts_dir": args.artifacts_dir,
                 "playbook": args.playbook,
                 "content_hash": content_hash,
+                "secret_id": args.secret_id,
                 "cpu_boost": args.cpu_boost,
             },
             pulumi.ResourceOptions(
