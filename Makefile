@@ -35,7 +35,7 @@ images: setup ## Bake the node image trainstack-node:<digest> (no stack needed; 
 clean-images: setup ## Remove node images of other digests than the current one.
 	@$(ENV); python -m infra.images clean
 
-test: setup lint ## The whole test suite: lint, unit, engine, images, provisioning, training, e2e, monitoring, newcomer.
+test: setup lint ## The whole test suite: lint, unit, engine, images, provisioning, training, e2e, monitoring, security, newcomer.
 	@$(ENV); pytest $(PYTEST_ARGS)
 
 unit: setup ## Fast tests only (no engine).

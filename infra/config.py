@@ -343,6 +343,10 @@ class StackConfig:
     aws_public_key: str = ""
     aws_private_key_file: str = ""
     aws_data_volume_gb: int = 50
+    # Security (docs/security.md).
+    spark_network_crypto: bool = True  # AES-based RPC and block transfer encryption
+    spark_io_encryption: bool = False  # encrypt shuffle and spill files on the nodes' disks
+    rotate_secrets: str = ""  # a new token makes new cluster secrets on the next `up`
 
     @classmethod
     def config_keys(cls) -> dict[str, str]:
@@ -616,6 +620,15 @@ def _target(c: StackConfig) -> str | None:
     return None
 
 
+def _rotate_token(c: StackConfig) -> str | None:
+    if c.rotate_secrets and not re.match(r"^[A-Za-z0-9._:-]{1,64}$", c.rotate_secrets):
+        return (
+            f"{_key('rotate_secrets')}: {c.rotate_secrets!r} is not a token; use 1..64 letters, "
+            "digits and '.', '_', ':', '-' (e.g. a date: 2026-11-30)"
+        )
+    return None
+
+
 def _server_list(c: StackConfig) -> str | None:
     if not c.servers:
         return None
@@ -753,6 +766,7 @@ _CHECKS: list[Callable[[StackConfig], str | None]] = [
     _aws_public_key,
     _aws_private_key_file,
     _aws_data_volume,
+    _rotate_token,
 ]
 
 

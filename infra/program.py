@@ -134,6 +134,7 @@ def main() -> None:
         ProvisioningArgs(
             inventory=cluster.inventory,
             spark_auth_secret=cluster.spark_auth_secret,
+            secret_id=cluster.secret_id,
             wheelhouse=str(wheelhouse),
             artifacts_dir=str(artifacts / "ansible"),
             cpu_boost=config.provision_cpu_boost,

@@ -227,6 +227,8 @@ def inventory(
         "trainstack_stack": prefix,
         "trainstack_spark_master_url": master_url(nodes, reach),
         "trainstack_zookeeper_connect": zookeeper_connect(nodes, reach),
+        "trainstack_spark_network_crypto": config.spark_network_crypto,
+        "trainstack_spark_io_encryption": config.spark_io_encryption,
     }
     if servers is not None:
         # ansible.cfg turns host key checking off for the docker connection; real servers'

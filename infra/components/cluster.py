@@ -35,6 +35,7 @@ class Cluster(pulumi.ComponentResource):
     monitoring_url: pulumi.Output[str] | None
     inventory: pulumi.Output[dict]
     spark_auth_secret: pulumi.Output[str]
+    secret_id: pulumi.Output[str]
 
     def __init__(
         self, name: str, args: ClusterArgs, opts: pulumi.ResourceOptions | None = None
@@ -94,7 +95,15 @@ class Cluster(pulumi.ComponentResource):
             for spec in plan
         }
 
-        self.spark_auth_secret = RandomSecret("spark-auth-secret", opts=child).value
+        # A new trainstack:rotateSecrets token replaces the secret; provisioning then re-runs
+        # (it follows the secret's id) and every service restarts with the new one.
+        secret = RandomSecret(
+            "spark-auth-secret",
+            keepers={"rotate": config.rotate_secrets} if config.rotate_secrets else {},
+            opts=child,
+        )
+        self.spark_auth_secret = secret.value
+        self.secret_id = secret.id
         self.spark_master_url = topology.master_url(plan)
         shown_host = "127.0.0.1" if config.bind_address == "0.0.0.0" else config.bind_address
         addresses = pulumi.Output.all(**{k: n.address for k, n in nodes.items()})

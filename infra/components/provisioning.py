@@ -172,6 +172,7 @@ class _PlaybookProvider(ResourceProvider):
             "playbook": props["playbook"],
             "inventory": props["inventory"],
             "content_hash": props["content_hash"],
+            "secret_id": props.get("secret_id", ""),
             "wheelhouse": props["wheelhouse"],
             "artifacts_dir": props["artifacts_dir"],
             "cpu_boost": bool(props.get("cpu_boost")),
@@ -185,7 +186,8 @@ class _PlaybookProvider(ResourceProvider):
         return CreateResult(f"provisioning-{props['content_hash']}", outs)
 
     def diff(self, id_: str, olds: dict[str, Any], news: dict[str, Any]) -> DiffResult:
-        keys = ["playbook", "inventory", "content_hash", "wheelhouse"]
+        # secret_id: the cluster secret's resource id, new on rotation (never the value).
+        keys = ["playbook", "inventory", "content_hash", "secret_id", "wheelhouse"]
         changed = [k for k in keys if olds.get(k) != news.get(k)]
         return DiffResult(changes=bool(changed), replaces=[], stables=[])
 
@@ -217,6 +219,8 @@ class ProvisioningArgs:
     cpu_boost: bool = False
     # Run the playbook with Mitogen for Ansible (trainstack:provisionMitogen).
     mitogen: bool = True
+    # The secret's resource id: a rotated secret re-runs the playbook.
+    secret_id: pulumi.Input[str] = ""
 
 
 class Provisioning(pulumi.ComponentResource):
@@ -239,6 +243,7 @@ class Provisioning(pulumi.ComponentResource):
                 "artifacts_dir": args.artifacts_dir,
                 "playbook": args.playbook,
                 "content_hash": content_hash,
+                "secret_id": args.secret_id,
                 "cpu_boost": args.cpu_boost,
                 "mitogen": args.mitogen,
             },

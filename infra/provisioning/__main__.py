@@ -60,8 +60,11 @@ def main(argv: list[str] | None = None) -> int:
         )
         return 1
     extravars = {"trainstack_wheelhouse_dir": str(args.wheelhouse)}
-    if os.environ.get(SECRET_ENV):
-        extravars["trainstack_spark_auth_secret"] = os.environ[SECRET_ENV]
+    # Out of the environment before ansible-runner starts: it records the whole environment
+    # of the run in artifacts/<ident>/command (the secret goes through the 0600 extravars file).
+    secret = os.environ.pop(SECRET_ENV, "")
+    if secret:
+        extravars["trainstack_spark_auth_secret"] = secret
 
     def show(event: object) -> None:
         print(str(event), file=sys.stderr, flush=True)

@@ -198,7 +198,9 @@ def test_zookeeper_config_does_not_follow_the_inventory_host_order():
     import jinja2
 
     source = Path(__file__).resolve().parents[2] / "roles/zookeeper/templates/zoo.cfg.j2"
-    template = jinja2.Environment(trim_blocks=True).from_string(source.read_text())
+    env = jinja2.Environment(trim_blocks=True)
+    env.filters["bool"] = bool  # Ansible's filter; the values here are Python booleans
+    template = env.from_string(source.read_text())
     hostvars = {
         f"control-{i}": {"trainstack_zookeeper_id": i, "trainstack_node_address": f"control-{i}"}
         for i in (1, 2, 3)
@@ -211,8 +213,12 @@ def test_zookeeper_config_does_not_follow_the_inventory_host_order():
             hostvars=hostvars,
             zookeeper_peer_port=2888,
             zookeeper_election_port=3888,
+            zookeeper_client_port_address="",
+            zookeeper_sasl_enabled=True,
+            zookeeper_quorum_sasl_enabled=True,
         )
 
     first = render(["control-1", "control-2", "control-3"])
     assert "server.2=control-2:2888:3888" in first
     assert render(["control-2", "control-1", "control-3"]) == first
+    assert "enforce.auth.enabled=true" in first and "quorum.auth.enableSasl=true" in first

@@ -79,3 +79,13 @@ def test_train_strategy_is_validated_and_single_means_one_worker():
     assert StackConfig.from_mapping({"workers": "3"}).training_workers == 3
     single = StackConfig.from_mapping({"workers": "3", "trainStrategy": "single"})
     assert (single.train_strategy, single.training_workers) == ("single", 1)
+
+
+def test_security_defaults_and_rotation_token():
+    c = StackConfig()
+    assert (c.spark_network_crypto, c.spark_io_encryption, c.rotate_secrets) == (True, False, "")
+    c = StackConfig.from_mapping({"sparkIoEncryption": "true", "rotateSecrets": "2026-11-30"})
+    assert (c.spark_io_encryption, c.rotate_secrets) == (True, "2026-11-30")
+    with pytest.raises(ConfigError) as err:
+        StackConfig.from_mapping({"rotateSecrets": "a b"})
+    assert "trainstack:rotateSecrets" in str(err.value) and "'a b'" in str(err.value)
