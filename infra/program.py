@@ -163,7 +163,11 @@ def main() -> None:
         "training",
         TrainingArgs(
             master_url=cluster.spark_master_url,
-            submit_container=f"{cluster.prefix}-worker-1",
+            submit_candidates=[
+                f"{cluster.prefix}-{spec.key}"
+                for spec in topology.plan(config)
+                if "spark_worker" in spec.roles
+            ],
             settings=settings,
             trigger=training_trigger(config, settings),
             host_artifacts_dir=str(artifacts / "training"),

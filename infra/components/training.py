@@ -127,21 +127,54 @@ def _utilisation(
     }
 
 
+def _candidates(props: dict[str, Any]) -> list[str]:
+    """The nodes that may submit, in order (state written before the list had one name)."""
+    return list(props.get("submit_candidates") or [props["submit_container"]])
+
+
+def _submitter(candidates: list[str]) -> Any:
+    """The first candidate that is running and can start the job (the training package is
+    installed): no single node is required to launch or resume a run, because the run's
+    directory, data and backup are on storage every node mounts."""
+    from infra.engine import EngineError, docker_client
+
+    try:
+        client = docker_client()
+    except EngineError as exc:
+        raise TrainingError(f"training job: {exc}") from None
+    why = []
+    for name in candidates:
+        try:
+            container = client.containers.get(name)
+        except Exception as exc:
+            why.append(f"{name}: not on the engine ({str(exc).splitlines()[0][:120]})")
+            continue
+        if container.status != "running":
+            why.append(f"{name}: {container.status}")
+            continue
+        try:
+            code, _ = container.exec_run(["test", "-x", f"{NODE_VENV}/bin/trainstack-train"])
+        except Exception as exc:
+            why.append(f"{name}: cannot run a command ({str(exc).splitlines()[0][:120]})")
+            continue
+        if code != 0:
+            why.append(f"{name}: {NODE_VENV}/bin/trainstack-train is missing (not provisioned)")
+            continue
+        if why:
+            print(f"submitting from {name}; skipped {'; '.join(why)}", file=sys.stderr)
+        return container
+    raise TrainingError(
+        "training job: no worker node can submit the job ("
+        + "; ".join(why)
+        + "); start one (`docker start <name>`) and run `pulumi up` again"
+    )
+
+
 class _TrainingJobProvider(ResourceProvider):
     serialize_as_secret_always = False
 
     def _run(self, props: dict[str, Any]) -> dict[str, Any]:
-        from infra.engine import EngineError, docker_client
-
-        try:
-            container = docker_client().containers.get(props["submit_container"])
-        except EngineError as exc:
-            raise TrainingError(f"training job: {exc}") from None
-        except Exception as exc:
-            raise TrainingError(
-                f"training job: the submitting node {props['submit_container']} is not on the "
-                f"engine ({exc}); run `pulumi up` again to recreate it"
-            ) from None
+        container = _submitter(_candidates(props))
         run_dir = f"{MODELS_DIR}/{props['run_id']}"
         settings = props["settings"]
         command = [
@@ -166,7 +199,7 @@ class _TrainingJobProvider(ResourceProvider):
         if settings.get("strategy"):  # absent in the state of runs launched before the key
             command += ["--train-strategy", settings["strategy"]]
             command += ["--cores-per-worker", str(int(settings.get("cores_per_worker") or 1))]
-        print(f"launching on {props['submit_container']}: {shlex.join(command)}", file=sys.stderr)
+        print(f"launching on {container.name}: {shlex.join(command)}", file=sys.stderr)
         started = time.time()
         code, stdout = _stream_exec(container, command, env=NODE_ENV)
         finished = time.time()
@@ -176,7 +209,7 @@ class _TrainingJobProvider(ResourceProvider):
             log = Path(props["host_artifacts_dir"]) / props["run_id"] / "job.log"
             write_details(log, stdout)
             raise TrainingError(
-                f"training job on {props['submit_container']} failed (exit {code}): "
+                f"training job on {container.name} failed (exit {code}): "
                 f"{summary.get('error') or stdout.strip()[-500:]}; job output: {log}"
             )
         host_dir = Path(props["host_artifacts_dir"]) / props["run_id"]
@@ -192,7 +225,8 @@ class _TrainingJobProvider(ResourceProvider):
                 "cluster_run_dir": run_dir,
                 "host_dir": str(host_dir),
                 "host_files": copied,
-                "copy_command": f"docker cp {props['submit_container']}:{run_dir} .",
+                "submitted_on": container.name,
+                "copy_command": f"docker cp {container.name}:{run_dir} .",
             },
         }
 
@@ -220,7 +254,8 @@ class _TrainingJob(Resource, module="training", name="TrainingJob"):
 @dataclass
 class TrainingArgs:
     master_url: str
-    submit_container: str
+    # The worker nodes in order: the job is submitted from the first healthy one.
+    submit_candidates: list[str]
     # workers, epochs, batch_size, data, rows, strategy, cores_per_worker, spark_conf
     settings: dict[str, Any]
     trigger: str  # digest of everything that should launch a new run
@@ -244,7 +279,7 @@ class Training(pulumi.ComponentResource):
             f"{name}-job",
             {
                 "master_url": args.master_url,
-                "submit_container": args.submit_container,
+                "submit_candidates": args.submit_candidates,
                 "settings": args.settings,
                 "run_id": f"run-{args.trigger[:12]}",
                 "host_artifacts_dir": args.host_artifacts_dir,

@@ -153,6 +153,22 @@ def test_bad_data_fails_with_cause(
         prepare(spark, cfg, tmp_path / "data")
 
 
+def test_corrupted_files_fail_naming_file_and_problem(spark: Any, tmp_path: Path) -> None:
+    # A truncated Parquet file (its footer is gone) inside a data set directory.
+    good = tmp_path / "set" / "part-0.parquet"
+    good.parent.mkdir()
+    _digits_df().to_parquet(good)
+    cut = good.parent / "part-1.parquet"
+    cut.write_bytes(good.read_bytes()[: good.stat().st_size // 2])
+    with pytest.raises(DataError, match=rf"data file '{cut}' is not a readable Parquet file"):
+        prepare(spark, _cfg(tmp_path, data=str(good.parent)), tmp_path / "d")
+    # A CSV row with fewer fields than the header (Spark's permissive reader would pad it).
+    csv = tmp_path / "rows.csv"
+    csv.write_text("f0,f1,label\n0.1,0.2,1\n0.3,2\n")
+    with pytest.raises(DataError, match=rf"'{csv}' line 3 has 2 fields, the header has 3"):
+        prepare(spark, _cfg(tmp_path, data=str(csv)), tmp_path / "d")
+
+
 def test_unreachable_path_and_url(spark: Any, tmp_path: Path) -> None:
     with pytest.raises(DataError, match=r"data path '/nonexistent/x.parquet' does not exist"):
         prepare(spark, _cfg(tmp_path, data="/nonexistent/x.parquet"), tmp_path / "d")

@@ -63,7 +63,7 @@ def test_training_job_is_keyed_by_its_trigger(mocks):
         "training",
         TrainingArgs(
             master_url="spark://control-1:7077",
-            submit_container="trainstack-unit-worker-1",
+            submit_candidates=["trainstack-unit-worker-1", "trainstack-unit-worker-2"],
             settings=SETTINGS,
             trigger="abcdef0123456789",
             host_artifacts_dir="/h",
@@ -75,8 +75,51 @@ def test_training_job_is_keyed_by_its_trigger(mocks):
         assert job.inputs["run_id"] == "run-abcdef012345"
         assert job.inputs["master_url"] == "spark://control-1:7077"
         assert job.inputs["settings"]["epochs"] == 10
+        assert job.inputs["submit_candidates"] == [
+            "trainstack-unit-worker-1",
+            "trainstack-unit-worker-2",
+        ]
 
     return t.result.apply(check)
+
+
+class _FakeContainer:
+    def __init__(self, name: str, status: str, installed: bool = True) -> None:
+        self.name, self.status, self.installed = name, status, installed
+
+    def exec_run(self, command):
+        return (0 if self.installed else 1), b""
+
+
+class _FakeEngine:
+    def __init__(self, *containers: _FakeContainer) -> None:
+        self.by_name = {c.name: c for c in containers}
+        self.containers = self
+
+    def get(self, name: str) -> _FakeContainer:
+        if name not in self.by_name:
+            raise LookupError(f"No such container: {name}")
+        return self.by_name[name]
+
+
+def test_submitter_is_the_first_healthy_worker(monkeypatch, capsys):
+    from infra import engine
+    from infra.components.training import TrainingError, _submitter
+
+    fake = _FakeEngine(
+        _FakeContainer("w1", "exited"),
+        _FakeContainer("w2", "running", installed=False),
+        _FakeContainer("w3", "running"),
+    )
+    monkeypatch.setattr(engine, "docker_client", lambda: fake)
+    assert _submitter(["w0", "w1", "w2", "w3"]).name == "w3"
+    said = capsys.readouterr().err
+    assert "submitting from w3; skipped w0: not on the engine" in said
+    assert (
+        "w1: exited" in said and "w2: /opt/trainstack/venv/bin/trainstack-train is missing" in said
+    )
+    with pytest.raises(TrainingError, match=r"no worker node can submit the job \(w1: exited\)"):
+        _submitter(["w1"])
 
 
 def test_training_trigger_changes_only_with_settings_or_retrain_token():

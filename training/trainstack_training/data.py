@@ -181,6 +181,56 @@ def resolve_source(cfg: TrainConfig, data_root: Path) -> tuple[str, str]:
     return uri, fmt
 
 
+def _data_files(path: Path, fmt: str) -> list[Path]:
+    """The data files Spark would read at `path` (a file, or a directory's visible files)."""
+    if path.is_file():
+        return [path]
+    suffix = ".csv" if fmt == "csv" else ".parquet"
+    return sorted(
+        p
+        for p in path.rglob("*")
+        if p.is_file()
+        and not any(part.startswith(("_", ".")) for part in p.relative_to(path).parts)
+        and (p.suffix == suffix or (fmt == "parquet" and not p.suffix))
+    )
+
+
+def check_files(path: Path, fmt: str) -> None:
+    """Check every file of a local data set before Spark reads it; raise DataError naming the
+    file and the problem: a Parquet file whose footer is missing or damaged (truncated,
+    overwritten), a CSV row with another number of fields than the header (Spark's permissive
+    CSV reader would silently pad it with nulls or drop the extra fields)."""
+    import csv
+
+    import pyarrow.parquet as pq
+
+    files = _data_files(path, fmt)
+    if not files:
+        raise DataError(f"data path {str(path)!r} has no {fmt} files")
+    for file in files:
+        if fmt == "parquet":
+            try:
+                pq.ParquetFile(file)
+            except Exception as exc:
+                raise DataError(
+                    f"data file {str(file)!r} is not a readable Parquet file ({exc}); "
+                    "it is truncated or damaged: restore or rewrite it"
+                ) from None
+            continue
+        with file.open(newline="", errors="replace") as fh:
+            rows = csv.reader(fh)
+            header = next(rows, None)
+            if not header:
+                raise DataError(f"data file {str(file)!r} is empty (no CSV header row)")
+            for number, row in enumerate(rows, start=2):
+                if row and len(row) != len(header):
+                    raise DataError(
+                        f"data file {str(file)!r} line {number} has {len(row)} fields, the "
+                        f"header has {len(header)}: the file is truncated or has rows with the "
+                        "wrong number of features"
+                    )
+
+
 def read_source(spark: SparkSession, uri: str, fmt: str) -> DataFrame:
     from pyspark.errors import AnalysisException
 
@@ -240,6 +290,8 @@ def prepare(
 
     start = time.perf_counter()
     uri, fmt = resolve_source(cfg, data_root)
+    if cfg.data != DIGITS and _is_local(uri):
+        check_files(_local_path(uri), fmt)
     phases = {"data_source": time.perf_counter() - start}
     mark = time.perf_counter()
     df = read_source(spark, uri, fmt)

@@ -1,0 +1,544 @@
+"""Failure drills on one real stack: each failure a user will meet, done to the running
+platform, its outcome asserted and its recovery time written to bench/results/drills.json.
+
+One stack for the module (3 workers, 2 TensorFlow workers, so a node can be lost and the job
+still has its two slots; monitoring off to spare the shared machine's CPU). The drills run in
+order and each leaves the stack usable for the next:
+
+  7  a second `pulumi up` while the first one runs is refused with Pulumi's lock message
+  1  a TensorFlow worker's process is SIGKILLed mid-training (during that first `up`)
+  2  the ALIVE Spark master's container is killed mid-training
+  6  a corrupted data set (truncated Parquet, CSV rows with the wrong number of fields)
+  5  every container of the stack restarted at once
+  3  the submitting node (worker-1) is down when training is due
+  4  SIGINT (Ctrl-C) to `pulumi up` during training (last)
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import json
+import os
+import re
+import signal
+import socket
+import subprocess
+import tarfile
+import threading
+import time
+import urllib.request
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.pulumi_cli import ROOT, Stack
+
+pytestmark = pytest.mark.drills
+
+WORKERS = 3
+CONFIG = {
+    "uiPortBase": "0",
+    "workers": str(WORKERS),
+    "trainWorkers": "2",
+    "monitoring": "false",
+    # ~50 s of training steps in 8 epochs of ~5 s: long enough to hit a run in the middle.
+    "trainRows": "50000",
+    "trainEpochs": "8",
+}
+REPORT = ROOT / "bench" / "results" / "drills.json"
+MODELS = "/srv/trainstack/models"
+DATA = "/srv/trainstack/data"
+MASTERS = ("control-1", "control-2")
+CONTROLS = ("control-1", "control-2", "control-3")
+
+
+# --------------------------------------------------------------------------------------------
+# Helpers
+
+
+def record(drill: str, **fields: Any) -> None:
+    """Merge one drill's figures into the JSON report (other drills' entries are kept)."""
+    REPORT.parent.mkdir(parents=True, exist_ok=True)
+    report = json.loads(REPORT.read_text()) if REPORT.exists() else {}
+    commit = subprocess.run(
+        ["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True
+    ).stdout.strip()
+    report[drill] = {
+        **fields,
+        "measured_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        "commit": commit,
+        "load_average_1m": round(os.getloadavg()[0], 1),
+    }
+    REPORT.write_text(json.dumps(report, indent=2, sort_keys=True) + "\n")
+
+
+class BackgroundUp:
+    """`pulumi up` in the background, its output collected line by line as it comes."""
+
+    def __init__(self, stack: Stack, *extra: str) -> None:
+        self.started = time.monotonic()
+        self.proc = subprocess.Popen(
+            ["pulumi", "up", "--yes", "--skip-preview", *extra, "--stack", stack.name,
+             "--non-interactive"],
+            cwd=ROOT,
+            env=stack.env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+        )  # fmt: skip
+        self.lines: list[str] = []
+        self._reader = threading.Thread(target=self._read, daemon=True)
+        self._reader.start()
+
+    def _read(self) -> None:
+        assert self.proc.stdout is not None
+        for line in self.proc.stdout:
+            self.lines.append(line)
+
+    @property
+    def output(self) -> str:
+        return "".join(self.lines)
+
+    def wait_for(self, pattern: str, timeout: float) -> re.Match[str]:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            found = re.search(pattern, self.output)
+            if found:
+                return found
+            if self.proc.poll() is not None:
+                self._reader.join(5)
+                found = re.search(pattern, self.output)
+                if found:
+                    return found
+                raise AssertionError(
+                    f"`pulumi up` ended ({self.proc.returncode}) before {pattern!r}:\n"
+                    f"{self.output[-4000:]}"
+                )
+            time.sleep(0.5)
+        raise AssertionError(f"no {pattern!r} within {timeout:.0f} s:\n{self.output[-4000:]}")
+
+    def run_dir(self, timeout: float = 1500) -> str:
+        return self.wait_for(rf"launching on \S+: .* --output ({MODELS}/run-\w+)", timeout)[1]
+
+    def finish(self, timeout: float = 1800) -> tuple[int, str]:
+        try:
+            self.proc.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
+        self._reader.join(10)
+        return self.proc.returncode, self.output
+
+
+def container(engine: Any, stack: Stack, node: str) -> Any:
+    return engine.containers.get(f"{stack.label}-{node}")
+
+
+def sh(engine: Any, stack: Stack, node: str, script: str, user: str = "") -> tuple[int, str]:
+    code, out = container(engine, stack, node).exec_run(["sh", "-c", script], user=user)
+    return code, out.decode(errors="replace")
+
+
+def epoch_rows(engine: Any, stack: Stack, run_dir: str) -> list[dict[str, Any]]:
+    # control-3 holds no master: no drill kills it while a run goes on.
+    code, out = sh(engine, stack, "control-3", f"cat {run_dir}/epochs.jsonl 2>/dev/null")
+    return [json.loads(ln) for ln in out.splitlines() if ln.startswith("{")] if code == 0 else []
+
+
+def wait_until(what: str, check: Any, timeout: float, every: float = 0.5) -> Any:
+    deadline = time.monotonic() + timeout
+    last = None
+    while time.monotonic() < deadline:
+        with contextlib.suppress(Exception):
+            last = check()
+            if last:
+                return last
+        time.sleep(every)
+    raise AssertionError(f"{what}: not within {timeout:.0f} s (last: {last!r})")
+
+
+def ip_of(engine: Any, stack: Stack, node: str) -> str:
+    c = container(engine, stack, node)
+    c.reload()
+    return c.attrs["NetworkSettings"]["Networks"][f"{stack.label}-net"]["IPAddress"]
+
+
+def master_status(engine: Any, stack: Stack, node: str) -> dict[str, Any] | None:
+    try:
+        url = f"http://{ip_of(engine, stack, node)}:8080/json/"
+        with urllib.request.urlopen(url, timeout=3) as resp:
+            return json.loads(resp.read())
+    except Exception:
+        return None
+
+
+def zookeeper_mode(engine: Any, stack: Stack, node: str) -> str:
+    """`leader`, `follower`, or why not (ZooKeeper's `srvr` four-letter command)."""
+    try:
+        with socket.create_connection((ip_of(engine, stack, node), 2181), timeout=3) as conn:
+            conn.sendall(b"srvr")
+            conn.settimeout(3)
+            data = b""
+            while chunk := conn.recv(4096):
+                data += chunk
+    except Exception as exc:
+        return f"unreachable ({exc})"
+    found = re.search(rb"Mode: (\w+)", data)
+    return found[1].decode() if found else data.decode(errors="replace")[:80]
+
+
+def cluster_state(engine: Any, stack: Stack) -> dict[str, Any]:
+    masters = {m: master_status(engine, stack, m) for m in MASTERS}
+    alive = [m for m, s in masters.items() if s and s["status"] == "ALIVE"]
+    workers = 0
+    if len(alive) == 1:
+        status = masters[alive[0]]
+        assert status is not None
+        workers = sum(1 for w in status["workers"] if w["state"] == "ALIVE")
+    return {
+        "alive": alive,
+        "standby": [m for m, s in masters.items() if s and s["status"] == "STANDBY"],
+        "workers": workers,
+        "zookeeper": {c: zookeeper_mode(engine, stack, c) for c in CONTROLS},
+    }
+
+
+def healthy(state: dict[str, Any]) -> bool:
+    """ZooKeeper quorum (one leader, the rest followers), one ALIVE master, the others
+    STANDBY, every worker ALIVE and registered."""
+    modes = sorted(state["zookeeper"].values())
+    return (
+        modes == ["follower", "follower", "leader"]
+        and len(state["alive"]) == 1
+        and len(state["alive"]) + len(state["standby"]) == len(MASTERS)
+        and state["workers"] == WORKERS
+    )
+
+
+def wait_healthy(engine: Any, stack: Stack, timeout: float) -> dict[str, Any]:
+    return wait_until(
+        "ZooKeeper quorum, one ALIVE master, every worker",
+        lambda: (s := cluster_state(engine, stack)) and healthy(s) and s,
+        timeout,
+        every=1,
+    )
+
+
+def model_digests(engine: Any, stack: Stack) -> dict[str, str]:
+    _, out = sh(engine, stack, "control-3", f"sha256sum {MODELS}/*/model.keras 2>/dev/null")
+    return {p: d for d, p in (ln.split() for ln in out.splitlines() if ln.strip())}
+
+
+def put_file(engine: Any, stack: Stack, node: str, path: str, data: bytes) -> None:
+    archive = io.BytesIO()
+    with tarfile.open(fileobj=archive, mode="w") as tar:
+        info = tarfile.TarInfo(Path(path).name)
+        info.size, info.mode, info.mtime = len(data), 0o644, int(time.time())
+        tar.addfile(info, io.BytesIO(data))
+    assert container(engine, stack, node).put_archive(str(Path(path).parent), archive.getvalue())
+
+
+def retrain(stack: Stack, token: str) -> None:
+    stack.set_config(retrain=token)
+
+
+# --------------------------------------------------------------------------------------------
+# The stack: its first `up` runs in the background, so drills 7 and 1 hit it while it works.
+
+
+@pytest.fixture(scope="module")
+def drills(tmp_path_factory, engine):
+    stack = Stack(tmp_path_factory.mktemp("drills"), prefix="tsdrl")
+    first: BackgroundUp | None = None
+    try:
+        stack.init(**CONFIG)
+        first = BackgroundUp(stack)
+        yield stack, first
+    finally:
+        if first is not None and first.proc.poll() is None:
+            first.proc.kill()
+            first.proc.wait()
+        stack.destroy_and_remove()
+
+
+@pytest.fixture
+def settled(drills, engine):
+    """The stack after its first `up`, healthy: for the drills that need a finished one."""
+    stack, first = drills
+    code, out = first.finish()
+    assert code == 0, out[-4000:]
+    wait_healthy(engine, stack, timeout=300)
+    return stack
+
+
+def test_drill_7_second_up_is_refused_with_the_lock_message(drills):
+    stack, first = drills
+    first.wait_for(r"creating", timeout=600)  # the first `up` holds the lock
+    started = time.monotonic()
+    second = stack.run("up", "--yes", "--skip-preview", check=False, timeout=600)
+    refused_s = time.monotonic() - started
+    text = second.stdout + second.stderr
+    assert second.returncode != 0
+    assert "the stack is currently locked" in text, text[-3000:]
+    assert "pulumi cancel" in text  # Pulumi's own hint for a lock left by a killed process
+    assert "Traceback" not in text
+    assert first.proc.poll() is None, "the first `up` died: " + first.output[-3000:]
+    record(
+        "7_concurrent_up",
+        outcome="refused with Pulumi's lock message; the first `up` went on",
+        refused_after_s=round(refused_s, 1),
+        recovery_s=0.0,
+        lost="nothing",
+    )
+
+
+def _tf_worker_pids(engine: Any, stack: Stack) -> list[tuple[str, int]]:
+    """(node, pid) of every process that has TensorFlow loaded on the workers (as the job's
+    user: root in the container may not read another user's /proc/<pid>/maps)."""
+    found = []
+    for i in range(1, WORKERS + 1):
+        node = f"worker-{i}"
+        _, out = sh(
+            engine,
+            stack,
+            node,
+            "for p in /proc/[0-9]*; do grep -qs _pywrap_tensorflow $p/maps && echo ${p#/proc/}; "
+            "done",
+            user="trainstack",
+        )
+        found += [(node, int(pid)) for pid in out.split()]
+    return found
+
+
+def test_drill_1_killed_tensorflow_worker_resumes_from_its_backup(drills, engine):
+    stack, first = drills
+    run_dir = first.run_dir()
+    rows = wait_until("the first epoch", lambda: epoch_rows(engine, stack, run_dir), timeout=900)
+    pids = wait_until("a TensorFlow worker process", lambda: _tf_worker_pids(engine, stack), 60)
+    node, pid = pids[0]
+    done_before = max(len(rows), len(epoch_rows(engine, stack, run_dir)))
+    code, out = sh(engine, stack, node, f"kill -KILL {pid}", user="trainstack")
+    killed = time.monotonic()
+    assert code == 0, out
+    retried = wait_until(
+        "an epoch finished by the retried attempt",
+        lambda: [r for r in epoch_rows(engine, stack, run_dir) if r["attempt"] == 2],
+        timeout=900,
+    )
+    recovery_s = time.monotonic() - killed
+    code, out = first.finish()
+    assert code == 0, out[-4000:]
+    result = stack.outputs()["training"]
+    assert result["ok"] and result["attempts"] == 2, result
+    assert result["final_val_accuracy"] >= 0.90, result
+    metrics = json.loads((Path(result["host_dir"]) / "metrics.json").read_text())
+    resumed = metrics["epoch_attempt"].index(2) + 1
+    # Resumed from the backup of the last finished epoch, not from the start.
+    assert resumed == retried[0]["epoch"] and resumed > 1, metrics["epoch_attempt"]
+    assert resumed >= done_before, (resumed, done_before)
+    record(
+        "1_tensorflow_worker_killed",
+        outcome="run finished from its backup",
+        killed=f"{node} pid {pid}, after {done_before} finished epoch(s)",
+        attempts=result["attempts"],
+        resumed_epoch=resumed,
+        final_val_accuracy=round(result["final_val_accuracy"], 4),
+        recovery_s=round(recovery_s, 1),
+        recovery_is="from the kill to the first epoch finished by the retried barrier stage",
+        lost=f"the unfinished part of epoch {resumed} (redone); no finished epoch",
+    )
+
+
+def test_drill_2_alive_master_killed_mid_training_job_finishes(settled, engine):
+    stack = settled
+    before = cluster_state(engine, stack)
+    (old,) = before["alive"]
+    retrain(stack, "drill-2")
+    up = BackgroundUp(stack)
+    try:
+        run_dir = up.run_dir()
+        wait_until("the first epoch", lambda: epoch_rows(engine, stack, run_dir), timeout=900)
+        container(engine, stack, old).kill()
+        killed = time.monotonic()
+        new = wait_until(
+            "the standby ALIVE with every worker",
+            lambda: [
+                m
+                for m in MASTERS
+                if m != old
+                and (s := master_status(engine, stack, m))
+                and s["status"] == "ALIVE"
+                and sum(w["state"] == "ALIVE" for w in s["workers"]) == WORKERS
+            ],
+            timeout=300,
+        )
+        failover_s = time.monotonic() - killed
+        code, out = up.finish()
+        job_after_kill_s = time.monotonic() - killed
+    finally:
+        up.finish()
+        container(engine, stack, old).start()  # killed by hand: the engine leaves it stopped
+    assert code == 0, out[-4000:]
+    result = stack.outputs()["training"]
+    assert result["ok"] and result["final_val_accuracy"] >= 0.90, result
+    assert result["attempts"] == 1, result  # the job went on, no stage was retried
+    back = wait_healthy(engine, stack, timeout=300)
+    record(
+        "2_alive_master_killed",
+        outcome=f"job finished against the standby ({new[0]})",
+        killed=f"{old} (container, ZooKeeper member included)",
+        failover_s=round(failover_s, 1),
+        recovery_s=round(failover_s, 1),
+        recovery_is="from the kill to the standby ALIVE with every worker registered",
+        job_end_after_kill_s=round(job_after_kill_s, 1),
+        attempts=result["attempts"],
+        final_val_accuracy=round(result["final_val_accuracy"], 4),
+        after_restart=f"{old} back as STANDBY; ALIVE: {back['alive'][0]}",
+        lost="nothing",
+    )
+
+
+CSV_HEADER = ",".join([*(f"f{i}" for i in range(4)), "label"])
+CORRUPT = {
+    "truncated-parquet": (f"{DATA}/drill-truncated.parquet", "is not a readable Parquet file"),
+    "csv-wrong-fields": (f"{DATA}/drill-fields.csv", "line 4 has 4 fields, the header has 5"),
+}
+
+
+@pytest.mark.parametrize("case", list(CORRUPT))
+def test_drill_6_corrupted_data_fails_naming_file_and_problem(settled, engine, case):
+    stack = settled
+    path, problem = CORRUPT[case]
+    if case == "truncated-parquet":
+        # A real Parquet file of the data set, cut in half (as a failed copy leaves it).
+        run_dir = stack.outputs()["training"]["cluster_run_dir"]
+        code, out = sh(
+            engine,
+            stack,
+            "worker-1",
+            f"f=$(ls {run_dir}/data/source/*.parquet | head -1) && "
+            f'head -c $(($(stat -c %s "$f") / 2)) "$f" > {path} && chmod 644 {path}',
+        )
+        assert code == 0, out
+    else:
+        rows = ["0.1,0.2,0.3,0.4,1", "0.5,0.6,0.7,0.8,2", "0.9,0.1,0.2,3"]  # line 4: 4 fields
+        put_file(engine, stack, "worker-1", path, "\n".join([CSV_HEADER, *rows, ""]).encode())
+    models_before = model_digests(engine, stack)
+    outputs_before = stack.outputs()["training"]
+    assert models_before
+    stack.set_config(trainData=path, trainRows="0")  # trainRows only applies to digits
+    try:
+        started = time.monotonic()
+        failed = stack.run("up", "--yes", "--skip-preview", check=False)
+        failed_after_s = time.monotonic() - started
+    finally:
+        stack.run("config", "rm", "trainstack:trainData")
+        stack.set_config(trainRows=CONFIG["trainRows"])
+    text = failed.stdout + failed.stderr
+    assert failed.returncode != 0
+    errors = [ln for ln in text.splitlines() if "error" in ln.lower()]
+    assert path in text and problem in text, "\n".join(errors[-10:]) or text[-3000:]
+    assert "Traceback" not in text, text[-3000:]
+    assert model_digests(engine, stack) == models_before
+    assert stack.outputs()["training"] == outputs_before
+    stack.run("preview", "--expect-no-changes")
+    message = next(ln for ln in text.splitlines() if problem in ln)
+    record(
+        f"6_corrupted_data_{case}",
+        outcome="job failed before training, naming the file and the problem",
+        error=message.strip()[-400:],
+        failed_after_s=round(failed_after_s, 1),
+        recovery_s=0.0,
+        recovery_is="nothing to recover: the earlier models and outputs are untouched",
+        models_checked=len(models_before),
+        lost="nothing",
+    )
+
+
+def test_drill_5_every_container_restarted_at_once(settled, engine):
+    stack = settled
+    containers = engine.containers.list(filters={"label": stack.selector})
+    assert len(containers) == len(CONTROLS) + WORKERS
+    started = time.monotonic()
+    with ThreadPoolExecutor(len(containers)) as pool:
+        list(pool.map(lambda c: c.restart(timeout=10), containers))
+    restarted_s = time.monotonic() - started
+    state = wait_healthy(engine, stack, timeout=600)
+    recovery_s = time.monotonic() - started
+    preview = stack.run("preview", "--expect-no-changes", check=False)
+    assert preview.returncode == 0, preview.stdout[-3000:]
+    record(
+        "5_all_containers_restarted",
+        outcome="quorum, one ALIVE master, every worker registered; next `up` a no-op",
+        restart_calls_s=round(restarted_s, 1),
+        recovery_s=round(recovery_s, 1),
+        recovery_is="from `docker restart` of all containers at once to a healthy cluster",
+        alive_master=state["alive"][0],
+        zookeeper=state["zookeeper"],
+        lost="nothing (volumes keep data, models, ZooKeeper and recovery state)",
+    )
+
+
+def test_drill_3_submitting_node_down_another_worker_submits(settled, engine):
+    stack = settled
+    down = container(engine, stack, "worker-1")
+    down.stop(timeout=10)
+    try:
+        retrain(stack, "drill-3")
+        started = time.monotonic()
+        up = stack.run("up", "--yes", "--skip-preview", check=False)
+        up_s = time.monotonic() - started
+    finally:
+        down.start()
+    assert up.returncode == 0, up.stdout[-4000:]
+    assert f"skipped {stack.label}-worker-1: exited" in up.stdout, up.stdout[-3000:]
+    result = stack.outputs()["training"]
+    assert result["submitted_on"] == f"{stack.label}-worker-2", result
+    assert result["ok"] and result["final_val_accuracy"] >= 0.90, result
+    wait_healthy(engine, stack, timeout=300)
+    record(
+        "3_submitting_node_down",
+        outcome="submitted from worker-2; the run finished on the two live workers",
+        down="worker-1 (container stopped)",
+        up_s=round(up_s, 1),
+        recovery_s=0.0,
+        recovery_is="no wait: `up` picks the first healthy worker itself",
+        final_val_accuracy=round(result["final_val_accuracy"], 4),
+        lost="nothing",
+    )
+
+
+def test_drill_4_sigint_during_training_next_up_converges(settled, engine):
+    """Ctrl-C (one SIGINT) while the job runs: Pulumi cancels after the running step, so the
+    job is not cut off; it finishes, its result is recorded in the state, and the next `up`
+    launches nothing and only writes the outputs back."""
+    stack = settled
+    retrain(stack, "drill-4")
+    up = BackgroundUp(stack)
+    run_dir = up.run_dir()
+    wait_until("the first epoch", lambda: epoch_rows(engine, stack, run_dir), timeout=900)
+    up.proc.send_signal(signal.SIGINT)
+    interrupted = time.monotonic()
+    code, out = up.finish(timeout=1200)
+    assert code != 0
+    assert "^C received; cancelling" in out and "update canceled" in out, out[-3000:]
+    assert "validation accuracy" in out, out[-3000:]  # the running job was not cut off
+    again = stack.up()
+    recovery_s = time.monotonic() - interrupted
+    assert "launching on" not in again.stdout, again.stdout[-3000:]
+    assert "pending operations" not in again.stdout + again.stderr
+    result = stack.outputs()["training"]
+    assert result["cluster_run_dir"] == run_dir and result["ok"], result
+    assert result["attempts"] == 1 and result["final_val_accuracy"] >= 0.90, result
+    stack.run("preview", "--expect-no-changes")
+    record(
+        "4_sigint_during_training",
+        outcome="the running job finished, Pulumi then cancelled; the next `up` converged "
+        "without launching anything (no pending operation, no hand edit)",
+        recovery_s=round(recovery_s, 1),
+        recovery_is="from the SIGINT to the end of the next `up` (the job's rest included)",
+        lost="nothing",
+    )
