@@ -14,6 +14,10 @@ if [ -z "${PULUMI_CONFIG_PASSPHRASE:-}" ]; then
   echo "export PULUMI_CONFIG_PASSPHRASE_FILE=$(q "${PULUMI_CONFIG_PASSPHRASE_FILE:-$ROOT/.pulumi-state/passphrase}")"
 fi
 echo "export PULUMI_SKIP_UPDATE_CHECK=true"
+# The venv holds pulumi-aws for the AWS target (tested under mocks only). Pulumi would try
+# to download its plugin on every command (no registry reachable here: 5 attempts, 2.5 s
+# each `up`); plugins come from `make setup` or `pulumi plugin install` (docs/targets.md).
+echo "export PULUMI_DISABLE_AUTOMATIC_PLUGIN_ACQUISITION=${PULUMI_DISABLE_AUTOMATIC_PLUGIN_ACQUISITION:-true}"
 # The Python the official language host runs the program with. Pulumi.yaml names no
 # `virtualenv` (see the comment there), so the host takes PULUMI_PYTHON_CMD (else the
 # python3 on PATH); the dynamic-provider host (pulumi-resource-pulumi-python) takes

@@ -20,7 +20,6 @@ from typing import Any
 import pulumi
 from pulumi.dynamic import CreateResult, DiffResult, Resource, ResourceProvider, UpdateResult
 
-from infra.engine import EngineError, cpu_boost
 from infra.errors import UserFacingError, short_provider_errors, write_details
 from infra.provisioning.__main__ import SECRET_ENV
 
@@ -55,28 +54,6 @@ def tree_digest(root: Path = ROOT, sources: tuple[str, ...] = SOURCES) -> str:
     return digest.hexdigest()[:16]
 
 
-# Ansible's names for its Docker connection (`docker` is routed to the collection's plugin).
-DOCKER_CONNECTIONS = ("docker", "community.docker.docker")
-
-
-def docker_containers(inventory: dict[str, Any]) -> list[str]:
-    """The containers of an inventory whose hosts Ansible reaches through Docker."""
-    names: set[str] = set()
-
-    def walk(group: dict[str, Any], connection: Any) -> None:
-        connection = (group.get("vars") or {}).get("ansible_connection", connection)
-        for hostvars in (group.get("hosts") or {}).values():
-            hostvars = hostvars or {}
-            via = hostvars.get("ansible_connection", connection)
-            if via in DOCKER_CONNECTIONS and hostvars.get("ansible_host"):
-                names.add(str(hostvars["ansible_host"]))
-        for child in (group.get("children") or {}).values():
-            walk(child or {}, connection)
-
-    walk(inventory.get("all") or {}, None)
-    return sorted(names)
-
-
 def integral(value: Any) -> Any:
     """Whole floats back to ints, everywhere in `value`.
 
@@ -93,12 +70,20 @@ def integral(value: Any) -> Any:
 
 
 def _run_child(
-    playbook: str, wheelhouse: str, artifacts: Path, env: dict[str, str], *, mitogen: bool = True
+    playbook: str,
+    wheelhouse: str,
+    artifacts: Path,
+    env: dict[str, str],
+    *,
+    mitogen: bool = True,
+    cpu_boost: bool = False,
 ) -> tuple[int, list[str]]:
     """`python -m infra.provisioning` in a child process: its exit code and stdout lines.
 
     A child, not a call: ansible-runner forks, and forking this gRPC-serving process can
     crash the child (see infra/provisioning/__main__.py). Progress goes to stderr, live.
+    The child lifts and restores the CPU limits itself and stops its run (Ansible killed,
+    limits restored) when this provider dies, as on a second Ctrl-C to `pulumi up`.
     """
     child = subprocess.Popen(
         [
@@ -114,6 +99,7 @@ def _run_child(
             "--artifacts-dir",
             str(artifacts),
             *([] if mitogen else ["--no-mitogen"]),
+            *(["--cpu-boost"] if cpu_boost else []),
         ],
         cwd=ROOT,
         env=env,
@@ -134,24 +120,14 @@ class _PlaybookProvider(ResourceProvider):
         inventory_file = artifacts / "stack-inventory.json"
         inventory_file.write_text(json.dumps(integral(props["inventory"]), indent=1))
         env = {**os.environ, SECRET_ENV: props["spark_auth_secret"], "PYTHONUNBUFFERED": "1"}
-        boosted = docker_containers(props["inventory"]) if props.get("cpu_boost") else []
-        try:
-            with cpu_boost(boosted) as limits:
-                if limits:
-                    print(
-                        "CPU limits lifted while provisioning: " + ", ".join(sorted(limits)),
-                        file=sys.stderr,
-                        flush=True,
-                    )
-                code, lines = _run_child(
-                    props["playbook"],
-                    props["wheelhouse"],
-                    artifacts,
-                    env,
-                    mitogen=props.get("mitogen", True) is not False,
-                )
-        except EngineError as exc:
-            raise UserFacingError(f"provisioning: {exc}") from None
+        code, lines = _run_child(
+            props["playbook"],
+            props["wheelhouse"],
+            artifacts,
+            env,
+            mitogen=props.get("mitogen", True) is not False,
+            cpu_boost=bool(props.get("cpu_boost")),
+        )
         log = artifacts / "provisioning.log"
         try:
             result = json.loads(lines[-1])

@@ -170,12 +170,50 @@ def _submitter(candidates: list[str]) -> Any:
     )
 
 
+def _stop_earlier_launches(candidates: list[str], run_dir: str, grace_s: int = 60) -> None:
+    """Stop a launch of this run that still runs on a node, so that the new one resumes alone.
+
+    A `pulumi up` stopped at once (a second Ctrl-C, a killed `pulumi`) takes this provider
+    with it, but not the job it started with `docker exec`: that keeps training into the run's
+    directory. Two launches there would share one backup. The old driver gets SIGTERM (its
+    Spark application, executors and TensorFlow workers end with it), SIGKILL after
+    `grace_s`; the new launch then resumes from the last finished epoch's backup.
+    """
+    from infra.engine import docker_client
+
+    pattern = f"trainstack-train .*--output {run_dir}( |$)"
+    for name in candidates:
+        try:
+            container = docker_client().containers.get(name)
+            if container.status != "running":
+                continue
+            code, out = container.exec_run(["pgrep", "-f", pattern])
+        except Exception:  # an unreachable node runs nothing we can stop
+            continue
+        pids = out.decode().split() if code == 0 else []
+        if not pids:
+            continue
+        print(
+            f"an earlier launch of this run still runs on {name} (pid {' '.join(pids)}; left "
+            "by an interrupted `pulumi up`): stopping it, this launch resumes from its backup",
+            file=sys.stderr,
+            flush=True,
+        )
+        script = (
+            f"kill -TERM {' '.join(pids)} 2>/dev/null; "
+            f"i=0; while [ $i -lt {grace_s} ]; do kill -0 {' '.join(pids)} 2>/dev/null || exit 0; "
+            f"i=$((i + 1)); sleep 1; done; kill -KILL {' '.join(pids)} 2>/dev/null; exit 0"
+        )
+        container.exec_run(["sh", "-c", script])
+
+
 class _TrainingJobProvider(ResourceProvider):
     serialize_as_secret_always = False
 
     def _run(self, props: dict[str, Any]) -> dict[str, Any]:
-        container = _submitter(_candidates(props))
         run_dir = f"{MODELS_DIR}/{props['run_id']}"
+        _stop_earlier_launches(_candidates(props), run_dir)
+        container = _submitter(_candidates(props))
         settings = props["settings"]
         command = [
             f"{NODE_VENV}/bin/trainstack-train",

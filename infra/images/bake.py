@@ -202,6 +202,33 @@ def _container_name(repository: str, digest: str) -> str:
     return f"{safe}-builder-{digest}-{uuid.uuid4().hex[:4]}"
 
 
+# A baked node image is about 3.5 GB, and the builder container's layer as much again while
+# it is committed; below this, baking would fill the disk half-way through and fail obscurely.
+MIN_FREE_BYTES_TO_BAKE = 8 * 1024**3
+
+
+def free_bytes(client: Any) -> tuple[str, int] | None:
+    """The engine's data root and its free bytes, or None when it is not on this machine."""
+    try:
+        root = str(client.info().get("DockerRootDir") or "")
+        return root, shutil.disk_usage(root).free
+    except (OSError, docker.errors.DockerException):
+        return None
+
+
+def _check_free_space(client: Any) -> None:
+    found = free_bytes(client)
+    if found is None:
+        return  # a remote engine: its disk is not ours to measure
+    root, free = found
+    if free < MIN_FREE_BYTES_TO_BAKE:
+        raise BakeError(
+            f"only {free / 1024**3:.1f} GB are free under the engine's data root {root}; baking "
+            f"needs {MIN_FREE_BYTES_TO_BAKE / 1024**3:.0f} GB: remove node images of other "
+            "digests with `make clean-images` (or `docker image prune`) and try again"
+        )
+
+
 def bake(
     base_image: str = DEFAULT_BASE_IMAGE,
     repository: str = DEFAULT_REPOSITORY,
@@ -229,6 +256,7 @@ def bake(
             tag, str(image.id), int(image.attrs.get("Size", 0)), time.monotonic() - started, False
         )
 
+    _check_free_space(client)
     wheelhouse = Path(wheelhouse).expanduser()
     _say(progress, f"wheelhouse {wheelhouse} (downloads only what is missing)")
     _build_wheelhouse(wheelhouse)

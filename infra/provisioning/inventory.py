@@ -158,3 +158,25 @@ def hosts_in_group(inventory: dict[str, Any], group: str) -> list[str]:
 def host_address(inventory: dict[str, Any], host: str) -> str:
     hv = inventory["all"]["hosts"][host] or {}
     return str(hv.get("trainstack_node_address") or hv.get("ansible_host") or host)
+
+
+# Ansible's names for its Docker connection (`docker` is routed to the collection's plugin).
+DOCKER_CONNECTIONS = ("docker", "community.docker.docker")
+
+
+def docker_containers(inventory: dict[str, Any]) -> list[str]:
+    """The containers of an inventory whose hosts Ansible reaches through Docker."""
+    names: set[str] = set()
+
+    def walk(group: dict[str, Any], connection: Any) -> None:
+        connection = (group.get("vars") or {}).get("ansible_connection", connection)
+        for hostvars in (group.get("hosts") or {}).values():
+            hostvars = hostvars or {}
+            via = hostvars.get("ansible_connection", connection)
+            if via in DOCKER_CONNECTIONS and hostvars.get("ansible_host"):
+                names.add(str(hostvars["ansible_host"]))
+        for child in (group.get("children") or {}).values():
+            walk(child or {}, connection)
+
+    walk(inventory.get("all") or {}, None)
+    return sorted(names)

@@ -15,6 +15,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import signal
 import sys
 import time
 import uuid
@@ -130,6 +131,12 @@ def _task_event(event: dict[str, Any]) -> TaskEvent | None:
     status = _STATUS[kind]
     if status == "ok" and isinstance(res, dict) and res.get("changed"):
         status = "changed"
+    elif status == "ok" and isinstance(res, dict) and "censored" in res:
+        # A `no_log` task's result is censored, `changed` included; Ansible's own line for it
+        # (the last line of the event's stdout, e.g. "changed: [worker-1]") still says which.
+        lines = str(event.get("stdout", "")).strip().splitlines()
+        if lines and lines[-1].startswith("changed"):
+            status = "changed"
     message = _message(res) if status in {"failed", "unreachable"} else ""
     return TaskEvent(
         host=str(data.get("host", "?")),
@@ -200,6 +207,30 @@ def mitogen_env() -> dict[str, str]:
     return {"ANSIBLE_STRATEGY_PLUGINS": str(strategies), "ANSIBLE_STRATEGY": "mitogen_free"}
 
 
+def _kill_leftovers(marker: str) -> None:
+    """Kill what is left of a run: processes whose command line names its inventory file.
+
+    ansible-runner kills the process group of ansible-playbook when a run times out or is
+    cancelled, but Mitogen's connection multiplexer, forked from it into a session of its
+    own, survives and keeps the run's connections (and tasks) alive. A run that ended
+    normally leaves nothing, so this finds nothing then. Linux' /proc only; elsewhere a no-op.
+    """
+    me = os.getpid()
+    for entry in Path("/proc").glob("[0-9]*"):
+        try:
+            cmdline = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+            pid = int(entry.name)
+            if pid != me and marker in cmdline:
+                os.kill(pid, signal.SIGKILL)
+        except (OSError, ValueError):
+            continue  # gone already, or not ours to read
+
+
+# The longest a playbook may run: a full install of five nodes from the base image takes
+# 2-6 minutes here; a run still going after this is stuck, not slow.
+DEFAULT_TIMEOUT_S = 1800
+
+
 def run_playbook(
     inventory: dict[str, Any],
     playbook: str = "site.yml",
@@ -212,6 +243,8 @@ def run_playbook(
     verbosity: int = 0,
     envvars: dict[str, str] | None = None,
     mitogen: bool = True,
+    timeout: int | None = DEFAULT_TIMEOUT_S,
+    cancel: Callable[[], bool] | None = None,
 ) -> ProvisionResult:
     """Run ``playbook`` (a name in playbooks/ or a path) against ``inventory``.
 
@@ -219,6 +252,10 @@ def run_playbook(
     ``artifacts/<ident>/`` holds stdout, job events and the command (without secrets).
     ``mitogen``: run the plays that name no strategy with Mitogen for Ansible's
     ``mitogen_free`` (see ``mitogen_env``); off, Ansible's own ``free`` (ansible.cfg).
+    ``timeout``: seconds after which the run is stopped and reported as timed out, so that a
+    node that stops answering (or a full disk) cannot hang the caller; None waits forever.
+    ``cancel``: polled every few seconds; True stops the run (status ``canceled``).
+    Whatever way the run ends, no process of it is left behind (see ``_kill_leftovers``).
     """
     started = time.monotonic()
     pdd = Path(artifacts_dir) if artifacts_dir else REPO_ROOT / ".provisioning" / "runner"
@@ -284,9 +321,12 @@ def run_playbook(
             event_handler=handler,
             quiet=True,
             rotate_artifacts=20,
+            timeout=timeout,
+            cancel_callback=cancel,
         )
     finally:
         os.environ["PATH"] = old_path
+        _kill_leftovers(str(inventory_file))
         extravars_file.unlink(missing_ok=True)
         # ansible-runner saves the environment it was given here and reads it back on the next
         # run in this directory: each run names its own (e.g. with or without Mitogen).
@@ -299,9 +339,18 @@ def run_playbook(
         tail = ""
         with contextlib.suppress(Exception):  # stdout may be missing when ansible never started
             tail = "\n".join(runner.stdout.read().splitlines()[-20:])
-        failures.append(
-            Failure("-", "-", f"ansible-runner status {runner.status} rc={runner.rc}: {tail}")
+        what = (
+            f"the run did not finish within {timeout} s and was stopped"
+            if runner.status == "timeout"
+            else "the run was stopped before it finished"
+            if runner.status == "canceled"
+            else f"ansible-runner status {runner.status} rc={runner.rc}"
         )
+        failures.append(Failure("-", "-", f"{what}: {tail}"))
+    elif runner.status == "timeout":
+        failures.append(Failure("-", "-", f"the run did not finish within {timeout} s"))
+    elif runner.status == "canceled":
+        failures.append(Failure("-", "-", "the run was stopped before it finished"))
     return ProvisionResult(
         ok=ok,
         status=runner.status,

@@ -11,7 +11,9 @@ order and each leaves the stack usable for the next:
   6  a corrupted data set (truncated Parquet, CSV rows with the wrong number of fields)
   5  every container of the stack restarted at once
   3  the submitting node (worker-1) is down when training is due
-  4  SIGINT (Ctrl-C) to `pulumi up` during training (last)
+  4  two SIGINTs (Ctrl-C twice: Pulumi stops at once) during provisioning, right after a
+     secret was written and before the daemons restarted; one SIGINT during training; two
+     SIGINTs during training (the job goes on in its container; the next `up` resumes it)
 """
 
 from __future__ import annotations
@@ -122,6 +124,13 @@ class BackgroundUp:
 
     def run_dir(self, timeout: float = 1500) -> str:
         return self.wait_for(rf"launching on \S+: .* --output ({MODELS}/run-\w+)", timeout)[1]
+
+    def stop_at_once(self) -> tuple[int, str]:
+        """Ctrl-C twice, as a user who does not want to wait: Pulumi stops at once."""
+        self.proc.send_signal(signal.SIGINT)
+        time.sleep(0.5)
+        self.proc.send_signal(signal.SIGINT)
+        return self.finish(timeout=300)
 
     def finish(self, timeout: float = 1800) -> tuple[int, str]:
         try:
@@ -511,6 +520,68 @@ def test_drill_3_submitting_node_down_another_worker_submits(settled, engine):
     )
 
 
+def _processes_naming(text: str) -> list[str]:
+    found = []
+    for entry in Path("/proc").glob("[0-9]*"):
+        with contextlib.suppress(OSError):
+            cmdline = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode()
+            if text in cmdline:
+                found.append(f"{entry.name}: {cmdline[:160]}")
+    return found
+
+
+# Prints `stale <program>` for a Spark daemon started before its configuration was last written.
+STALE_SPARK = (
+    "conf=$(find /etc/trainstack/spark -type f -printf '%T@\\n' | sort -n | tail -n 1); "
+    "for prog in spark-master spark-worker; do "
+    "p=$(supervisorctl pid $prog 2>/dev/null); case $p in ''|0|*[!0-9]*) continue;; esac; "
+    "age=$(ps -o etimes= -p $p | tr -d ' '); "
+    "[ $(( $(date +%s) - age + 2 )) -lt ${conf%.*} ] && echo stale $prog; done; true"
+)
+
+
+def test_drill_4_two_sigints_during_provisioning_next_up_converges(settled, engine):
+    """Ctrl-C twice while Ansible runs: Pulumi stops at once and kills its providers. The run
+    is stopped with them (no Ansible process left, CPU limits given back), and the next `up`
+    re-runs provisioning, which restarts the daemons still running the old secret."""
+    stack = settled
+    nodes = engine.containers.list(filters={"label": stack.selector})
+    before = {c.name: (c.id, c.attrs["HostConfig"]["NanoCpus"]) for c in nodes}
+    stack.set_config(rotateSecrets="drill-4")
+    up = BackgroundUp(stack)
+    # The new secret is on the nodes, the restart handlers have not run yet.
+    up.wait_for(r"changed\s+Ensure spark-defaults.conf", timeout=600)
+    interrupted = time.monotonic()
+    code, out = up.stop_at_once()
+    assert code != 0, out[-3000:]
+    stopped_s = time.monotonic() - interrupted
+    artifacts = str(ROOT / ".artifacts" / stack.name)
+    wait_until("no process of the interrupted run", lambda: not _processes_naming(artifacts), 30)
+    after = {c.name: (c.id, c.attrs["HostConfig"]["NanoCpus"]) for c in
+             engine.containers.list(filters={"label": stack.selector})}  # fmt: skip
+    assert after == before, (before, after)  # the same servers, their CPU limits given back
+    again = stack.up()
+    recovery_s = time.monotonic() - interrupted
+    text = again.stdout + again.stderr
+    assert "Traceback" not in text
+    wait_healthy(engine, stack, timeout=300)
+    for node in ("control-1", "control-2", *(f"worker-{i}" for i in range(1, WORKERS + 1))):
+        code, stale = sh(engine, stack, node, STALE_SPARK)
+        assert "stale" not in stale, f"{node} runs Spark with an old configuration: {stale}"
+    stack.run("preview", "--expect-no-changes")
+    record(
+        "4a_two_sigints_during_provisioning",
+        outcome="Pulumi stopped at once; the run was stopped with it (no Ansible process left, "
+        "CPU limits given back); the next `up` re-ran provisioning, which restarted the "
+        "daemons still on the old secret; no hand edit",
+        stopped_after_s=round(stopped_s, 1),
+        pending_operations_mentioned="pending" in text,
+        recovery_s=round(recovery_s, 1),
+        recovery_is="from the second SIGINT to the end of the next `up`",
+        lost="nothing",
+    )
+
+
 def test_drill_4_sigint_during_training_next_up_converges(settled, engine):
     """Ctrl-C (one SIGINT) while the job runs: Pulumi cancels after the running step, so the
     job is not cut off; it finishes, its result is recorded in the state, and the next `up`
@@ -535,10 +606,53 @@ def test_drill_4_sigint_during_training_next_up_converges(settled, engine):
     assert result["attempts"] == 1 and result["final_val_accuracy"] >= 0.90, result
     stack.run("preview", "--expect-no-changes")
     record(
-        "4_sigint_during_training",
+        "4b_sigint_during_training",
         outcome="the running job finished, Pulumi then cancelled; the next `up` converged "
         "without launching anything (no pending operation, no hand edit)",
         recovery_s=round(recovery_s, 1),
         recovery_is="from the SIGINT to the end of the next `up` (the job's rest included)",
         lost="nothing",
+    )
+
+
+def test_drill_4_two_sigints_during_training_next_up_resumes_the_run(settled, engine):
+    """Ctrl-C twice while the job runs: Pulumi stops at once and its provider with it, but
+    the job started with `docker exec` goes on in the container. The next `up` stops that
+    launch and launches the same run again, which resumes from the backup of the last
+    finished epoch instead of starting over."""
+    stack = settled
+    retrain(stack, "drill-4c")
+    up = BackgroundUp(stack)
+    run_dir = up.run_dir()
+    wait_until(
+        "two finished epochs", lambda: len(epoch_rows(engine, stack, run_dir)) >= 2, timeout=900
+    )
+    interrupted = time.monotonic()
+    code, out = up.stop_at_once()
+    assert code != 0, out[-3000:]
+    done_before = len(epoch_rows(engine, stack, run_dir))
+    again = stack.up()
+    recovery_s = time.monotonic() - interrupted
+    text = again.stdout + again.stderr
+    assert "Traceback" not in text
+    assert "an earlier launch of this run still runs on" in text, text[-3000:]
+    assert f"--output {run_dir}" in text, text[-3000:]  # the same run, launched again
+    result = stack.outputs()["training"]
+    assert result["ok"] and result["cluster_run_dir"] == run_dir, result
+    assert result["final_val_accuracy"] >= 0.90, result
+    epochs = [r["epoch"] for r in epoch_rows(engine, stack, run_dir)]
+    # Resumed, not started over: the first epoch was trained once, every epoch is there.
+    assert epochs.count(1) == 1, epochs
+    assert set(epochs) == set(range(1, int(CONFIG["trainEpochs"]) + 1)), epochs
+    stack.run("preview", "--expect-no-changes")
+    record(
+        "4c_two_sigints_during_training",
+        outcome="Pulumi stopped at once, the job went on in the container; the next `up` "
+        "stopped it and launched the same run, which resumed from its backup",
+        epochs_done_before=done_before,
+        epoch_rows=epochs,
+        final_val_accuracy=round(result["final_val_accuracy"], 4),
+        recovery_s=round(recovery_s, 1),
+        recovery_is="from the second SIGINT to the end of the next `up` (the rest of the run)",
+        lost="the unfinished epoch at the stop (redone)",
     )

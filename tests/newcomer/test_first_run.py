@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 from pathlib import Path
 
@@ -82,8 +83,11 @@ def clone(tmp_path_factory, engine):
     subprocess.run(["git", "clone", "-q", str(ROOT), str(repo)], check=True)
     env = newcomer_env(home)
     yield repo, env, base
-    # Whatever happened, leave nothing behind.
+    # Whatever happened, leave nothing behind on the engine, and keep only the logs on disk:
+    # the clone's venv, tools and the fresh HOME's wheelhouse take about 5 GB.
     subprocess.run(["make", "destroy"], cwd=repo, env=env, capture_output=True, check=False)
+    for heavy in (repo, home):
+        shutil.rmtree(heavy, ignore_errors=True)
 
 
 def test_make_up_once_trains_and_make_destroy_leaves_nothing(clone, engine):

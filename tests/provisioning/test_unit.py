@@ -184,6 +184,20 @@ def test_task_event_from_runner_events():
     assert runner._task_event({"event": "playbook_on_start"}) is None
 
 
+@pytest.mark.parametrize("line,status", [("changed: [h]", "changed"), ("ok: [h]", "ok")])
+def test_task_event_of_a_no_log_task_says_whether_it_changed(line, status):
+    # `no_log` censors the whole result, `changed` included; Ansible's own line does not.
+    censored = {"censored": "the output has been hidden due to the fact that 'no_log: true'"}
+    event = runner._task_event(
+        {
+            "event": "runner_on_ok",
+            "stdout": f"\r\nTASK [other : Another host's task header.] ***\r\n{line}",
+            "event_data": {"host": "h", "task": "Ensure the secret file.", "res": censored},
+        }
+    )
+    assert event.status == status
+
+
 def test_stats_normalized_per_host():
     stats = runner._normalize_stats(
         {"ok": {"a": 3}, "changed": {"a": 1}, "dark": {"b": 1}}, ["a", "b"]

@@ -3,8 +3,8 @@
 import pytest
 
 from infra import topology
-from infra.components.provisioning import docker_containers
 from infra.config import StackConfig
+from infra.provisioning.inventory import docker_containers
 
 pytestmark = pytest.mark.unit
 

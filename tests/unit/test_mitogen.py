@@ -1,6 +1,7 @@
 """Provisioning runs Ansible under Mitogen, or stock Ansible when asked: a real run on localhost."""
 
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -50,3 +51,55 @@ def test_modules_run_inside_mitogen_only_when_asked(tmp_path, mitogen):
     assert ("(mitogen:" in out.read_text()) is mitogen, out.read_text()
     # The next run in the same directory does not inherit this run's environment.
     assert not (tmp_path / "runner" / "env" / "envvars").exists()
+
+
+STUCK = """\
+- name: Hang like a node that stopped answering.
+  hosts: all
+  gather_facts: false
+  tasks:
+    - name: Sleep far longer than the run may take.
+      ansible.builtin.command: sleep 120
+      changed_when: false
+"""
+
+
+def _processes_naming(text: str) -> list[str]:
+    found = []
+    for entry in Path("/proc").glob("[0-9]*"):
+        try:
+            cmdline = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode()
+        except OSError:
+            continue
+        if text in cmdline:
+            found.append(f"{entry.name}: {cmdline[:120]}")
+    return found
+
+
+def _stuck_run(tmp_path, **kwargs):
+    playbook = tmp_path / "stuck.yml"
+    playbook.write_text(STUCK)
+    here = {"ansible_connection": "local", "ansible_python_interpreter": sys.executable}
+    inventory = {"all": {"hosts": {"here": here}}}
+    return run_playbook(
+        inventory, str(playbook), on_event=None, artifacts_dir=tmp_path / "runner", **kwargs
+    )
+
+
+def test_a_run_that_outlives_its_timeout_is_stopped_and_named(tmp_path):
+    result = _stuck_run(tmp_path, timeout=8)
+    assert not result.ok
+    assert result.status == "timeout", result.summary()
+    assert result.duration_s < 60, result.duration_s
+    assert "did not finish within 8 s" in result.summary(), result.summary()
+    # Nothing of the run is left: not ansible-playbook, not Mitogen's multiplexer.
+    assert _processes_naming(str(tmp_path / "runner")) == []
+
+
+def test_a_cancelled_run_stops_and_leaves_no_process(tmp_path):
+    started = time.monotonic()
+    result = _stuck_run(tmp_path, cancel=lambda: time.monotonic() - started > 5)
+    assert result.status == "canceled", result.summary()
+    assert result.duration_s < 60, result.duration_s
+    assert "stopped before it finished" in result.summary(), result.summary()
+    assert _processes_naming(str(tmp_path / "runner")) == []
