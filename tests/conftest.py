@@ -1,9 +1,9 @@
 """Fixtures shared by the engine and end-to-end tests, and a guard on the engine's disk."""
 
-import shutil
-
 import docker
 import pytest
+
+from infra.images.bake import free_bytes
 
 # What a whole run needs on the engine's disk at its peak: the newcomer's clone, wheelhouse
 # and freshly baked image (about 9 GB) and a full-install cluster from the base image (about
@@ -26,10 +26,13 @@ def pytest_collection_modifyitems(session, config, items):
     if not any(_DISK_MARKERS & {m.name for m in item.iter_markers()} for item in items):
         return
     try:
-        root = docker.from_env().info().get("DockerRootDir") or "/var/lib/docker"
-        free_gb = shutil.disk_usage(root).free / 1024**3
+        found = free_bytes(docker.from_env())
     except Exception:
         return  # no engine: the `engine` fixture fails the tests that need it, with the reason
+    if found is None:
+        return  # an engine on another machine: its disk is not ours to measure
+    root, free = found
+    free_gb = free / 1024**3
     if free_gb < MIN_FREE_GB:
         pytest.exit(
             f"only {free_gb:.1f} GB are free under the Docker engine's data root {root}; the "

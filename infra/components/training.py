@@ -182,9 +182,10 @@ def _stop_earlier_launches(candidates: list[str], run_dir: str, grace_s: int = 6
     from infra.engine import docker_client
 
     pattern = f"trainstack-train .*--output {run_dir}( |$)"
+    client = docker_client()
     for name in candidates:
         try:
-            container = docker_client().containers.get(name)
+            container = client.containers.get(name)
             if container.status != "running":
                 continue
             code, out = container.exec_run(["pgrep", "-f", pattern])
