@@ -41,9 +41,9 @@ class ConfigError(ValueError):
     """One or more configuration values are invalid; the message lists each of them."""
 
 
-# Targets: how the nodes come to exist (docs/targets.md). Only `docker` is selectable.
+# Targets: how the nodes come to exist (docs/targets.md). `aws` exists on paper only.
 TARGETS = ("docker", "ssh", "aws")
-SELECTABLE_TARGETS = ("docker",)
+SELECTABLE_TARGETS = ("docker", "ssh")
 # What a server can run: the inventory groups the roles install (docs/provisioning.md).
 ROLES = ("zookeeper", "spark_master", "spark_worker", "tensorflow", "monitoring")
 _HOST_NAME = re.compile(r"^[a-z0-9](?:[a-z0-9-]{0,61}[a-z0-9])?$")
@@ -334,7 +334,7 @@ class StackConfig:
     monitoring_progress_timeout: str = "10m"
     # Targets (docs/targets.md): only docker is selectable.
     target: str = "docker"
-    servers: tuple[Server, ...] = ()  # the ssh target's server list (not built yet)
+    servers: tuple[Server, ...] = ()  # the ssh target's server list
     # The aws target, on paper: tested under Pulumi's mocks only.
     aws_region: str = "us-east-1"
     aws_operator_cidr: str = ""
@@ -416,7 +416,11 @@ class StackConfig:
         `single` strategy."""
         if self.train_strategy == "single":
             return 1
-        return self.train_workers or self.workers
+        if self.train_workers:
+            return self.train_workers
+        if self.target == "ssh":
+            return sum("tensorflow" in s.roles for s in self.servers)
+        return self.workers
 
 
 def _coerce(value: Any, kind: type) -> Any:
@@ -601,21 +605,20 @@ def _monitoring_port(c: StackConfig) -> str | None:
 
 
 def _target(c: StackConfig) -> str | None:
-    if c.target == "ssh":
+    if c.target == "ssh" and not c.servers:
         return (
-            f"{_key('target')}: 'ssh' is not built yet (issue 13): {_key('servers')} is "
-            "validated, but nothing connects to servers; use docker (docs/targets.md)"
+            f"{_key('target')}: 'ssh' provisions the servers of {_key('servers')}, which is "
+            "empty; list your servers (docs/targets.md)"
         )
     if c.target == "aws":
         return (
             f"{_key('target')}: 'aws' has only run under Pulumi's mocks, never against a real "
-            "account, and it feeds the ssh target, which is not built yet; use docker "
-            "(docs/targets.md)"
+            "account; use docker, or ssh with the instances you made (docs/targets.md)"
         )
     if c.target not in SELECTABLE_TARGETS:
         return (
             f"{_key('target')}: {c.target!r} is not a target; allowed: "
-            f"{', '.join(SELECTABLE_TARGETS)} (planned: ssh, aws; docs/targets.md)"
+            f"{', '.join(SELECTABLE_TARGETS)} (aws exists on paper only; docs/targets.md)"
         )
     return None
 

@@ -19,6 +19,7 @@ from infra.components.image import NodeImage, NodeImageArgs
 from infra.components.provisioning import Provisioning, ProvisioningArgs, tree_digest
 from infra.components.training import Training, TrainingArgs
 from infra.images.bake import image_digest, image_tag
+from infra.targets.ssh import SshCluster, SshClusterArgs
 
 ROOT = Path(__file__).resolve().parents[1]
 # The driver runs beside an executor on the submitting worker: keep its heap small.
@@ -72,21 +73,21 @@ def preflight(config: stack_config.StackConfig, prefix: str) -> str:
     return base_id
 
 
-def main() -> None:
-    try:
-        config = stack_config.load()
-    except stack_config.ConfigError as exc:
-        # Fails `pulumi preview`/`up` before any resource is declared.
-        raise pulumi.RunError(str(exc)) from None
-    stack = pulumi.get_stack()
+def plan_of(config: stack_config.StackConfig) -> list[topology.NodeSpec]:
+    if config.target == "ssh":
+        return topology.server_plan(config, config.servers)
+    return topology.plan(config)
+
+
+def docker_cluster(
+    config: stack_config.StackConfig, stack: str, artifacts: Path, wheelhouse: Path
+) -> Cluster:
+    """The docker target: the node image (baked by the roles) and the containers."""
     prefix = topology.resource_prefix(config, stack)
     try:
         base_id = preflight(config, prefix)
     except engine.EngineError as exc:
         raise pulumi.RunError(str(exc)) from None
-
-    artifacts = ROOT / ".artifacts" / stack
-    wheelhouse = wheelhouse_path(config)
     node_image_tag: str | None = None
     if config.bake_image:
         tag = node_image_tag = image_tag(
@@ -108,8 +109,7 @@ def main() -> None:
         base = docker.RemoteImage("base-image", name=config.base_image, keep_locally=True)
         image_id = base.image_id
         pulumi.export("nodeImage", {"tag": config.base_image, "size_bytes": 0, "bake_s": 0.0})
-
-    cluster = Cluster(
+    return Cluster(
         "cluster",
         ClusterArgs(
             config=config,
@@ -119,12 +119,35 @@ def main() -> None:
             node_image_tag=node_image_tag,
         ),
     )
+
+
+def main() -> None:
+    try:
+        config = stack_config.load()
+    except stack_config.ConfigError as exc:
+        # Fails `pulumi preview`/`up` before any resource is declared.
+        raise pulumi.RunError(str(exc)) from None
+    stack = pulumi.get_stack()
+    artifacts = ROOT / ".artifacts" / stack
+    wheelhouse = wheelhouse_path(config)
+    cluster: Cluster | SshCluster
+    if config.target == "ssh":
+        cluster = SshCluster("servers", SshClusterArgs(config=config, stack=stack, artifacts=artifacts))
+        submit_candidates: list = cluster.submit_candidates
+    else:
+        cluster = docker_cluster(config, stack, artifacts, wheelhouse)
+        submit_candidates = [
+            f"{cluster.prefix}-{spec.key}"
+            for spec in topology.plan(config)
+            if "spark_worker" in spec.roles
+        ]
     pulumi.export("sparkMasterUrl", cluster.spark_master_url)
     pulumi.export("sparkUiUrls", cluster.ui_urls)
     if cluster.monitoring_url is not None:
         pulumi.export("monitoringUrl", cluster.monitoring_url)
     pulumi.export("nodes", cluster.nodes)
-    pulumi.export("network", cluster.network_name)
+    if isinstance(cluster, Cluster):
+        pulumi.export("network", cluster.network_name)
     pulumi.export("inventory", cluster.inventory)
     if not config.provision:
         return
@@ -137,7 +160,8 @@ def main() -> None:
             secret_id=cluster.secret_id,
             wheelhouse=str(wheelhouse),
             artifacts_dir=str(artifacts / "ansible"),
-            cpu_boost=config.provision_cpu_boost,
+            # The boost lifts the CPU limits of the local engine's containers.
+            cpu_boost=config.provision_cpu_boost and config.target == "docker",
             mitogen=config.provision_mitogen,
         ),
         opts=pulumi.ResourceOptions(depends_on=[cluster]),
@@ -163,16 +187,12 @@ def main() -> None:
         "training",
         TrainingArgs(
             master_url=cluster.spark_master_url,
-            submit_candidates=[
-                f"{cluster.prefix}-{spec.key}"
-                for spec in topology.plan(config)
-                if "spark_worker" in spec.roles
-            ],
+            submit_candidates=submit_candidates,
             settings=settings,
             trigger=training_trigger(config, settings),
             host_artifacts_dir=str(artifacts / "training"),
             monitoring=cluster.monitoring_url,
-            node_cpus={spec.key: spec.cpus for spec in topology.plan(config)},
+            node_cpus={spec.key: spec.cpus for spec in plan_of(config)},
             scrape_interval=config.monitoring_scrape_interval,
         ),
         opts=pulumi.ResourceOptions(depends_on=[provisioning]),

@@ -7,6 +7,7 @@ without Pulumi, and the components only turn this plan into resources.
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from pathlib import Path
 from dataclasses import dataclass, field
 
 from infra.config import ROLES, Server, StackConfig
@@ -184,6 +185,7 @@ def inventory(
     addresses: dict[str, str] | None = None,
     node_image: str | None = None,
     servers: Sequence[Server] | None = None,
+    known_hosts: str | None = None,
 ) -> dict:
     """An Ansible YAML inventory (as a dict) for the stack's nodes.
 
@@ -192,7 +194,8 @@ def inventory(
     recreated; `trainstack_ip_address` is informational.
     Server list (`servers`, one per node, by name): Ansible connects over ssh to each
     server's address, port and user (the playbooks become root for a non-root user), and
-    nodes reach each other at the servers' node addresses.
+    nodes reach each other at the servers' node addresses. `known_hosts` is the file of
+    host keys the ssh target recorded; every connection is checked against it.
     """
     addresses = addresses or {}
     by_name = {s.name: s for s in servers or ()}
@@ -231,9 +234,10 @@ def inventory(
         "trainstack_spark_io_encryption": config.spark_io_encryption,
     }
     if servers is not None:
-        # ansible.cfg turns host key checking off for the docker connection; real servers'
-        # keys are checked (known_hosts is the ssh target's to write from what `up` saw).
-        all_vars["ansible_host_key_checking"] = True
+        all_vars.update(_ssh_vars(known_hosts))
+        # Data, checkpoints and models are on a file system the operator mounts on every
+        # server; the common role checks that every node sees the same one.
+        all_vars["trainstack_shared_storage_check"] = True
     all_vars.update(monitoring_vars(config, nodes, reach))
     if node_image:
         # The nodes start from this baked image: every install is already done.
@@ -253,3 +257,31 @@ def _ssh_host(server: Server) -> dict:
     if server.private_key_file:
         host["ansible_ssh_private_key_file"] = server.private_key_file
     return host
+
+
+def _ssh_vars(known_hosts: str | None) -> dict:
+    """Connection variables for servers Ansible reaches over ssh: host keys are checked.
+
+    ansible.cfg turns host key checking off for the docker connection; here it is on, and
+    with `known_hosts` (the ssh target's record of what `up` saw) ssh reads only that file.
+    """
+    found: dict = {"ansible_host_key_checking": True}
+    if known_hosts:
+        found["ansible_ssh_common_args"] = (
+            f"-o UserKnownHostsFile={known_hosts} -o StrictHostKeyChecking=yes"
+        )
+    return found
+
+
+def teardown_inventory(servers: Sequence[Server], known_hosts: str | Path) -> dict:
+    """The inventory of servers whose trainstack install is to be removed (teardown.yml)."""
+    return {
+        "all": {
+            "vars": {
+                "ansible_connection": "ssh",
+                "ansible_python_interpreter": "/usr/bin/python3",
+                **_ssh_vars(str(known_hosts)),
+            },
+            "hosts": {server.name: _ssh_host(server) for server in servers},
+        }
+    }

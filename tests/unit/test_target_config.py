@@ -37,13 +37,13 @@ def test_aws_keys_are_typed():
     [
         (
             {"target": "ssh"},
-            ["trainstack:target", "'ssh' is not built yet", "use docker", "docs/targets.md"],
+            ["trainstack:target", "'ssh' provisions the servers", "empty", "docs/targets.md"],
         ),
         (
             {"target": "aws"},
             ["trainstack:target", "'aws' has only run under Pulumi's mocks", "use docker"],
         ),
-        ({"target": "gcp"}, ["trainstack:target", "'gcp' is not a target", "allowed: docker"]),
+        ({"target": "gcp"}, ["trainstack:target", "'gcp' is not a target", "allowed: docker, ssh"]),
         ({"awsRegion": "Frankfurt"}, ["trainstack:awsRegion", "'Frankfurt'", "eu-central-1"]),
         (
             {"awsOperatorCidr": "0.0.0.0/0"},

@@ -1,0 +1,420 @@
+"""The ssh target: servers you already have, reached over SSH (docs/targets.md).
+
+Each server of `trainstack:servers` is one resource, a stock `command.local.Command`
+(pulumi-command) whose create connects over SSH, records the server's facts (OS, cores,
+memory, free disk, host key) and fails with a one-line reason when the server cannot be
+reached or does not fit; whose delete runs the teardown playbook on it, so that removing a
+server from the list (or `pulumi destroy`) removes trainstack's services and files from it.
+Host keys: the first contact records the server's key in the stack's known_hosts file
+(`.artifacts/<stack>/ssh/known_hosts`); the facts keep it in the state, and every later
+connection (Ansible, the training launch) checks against what `up` recorded.
+
+The command line of this module is what those resources run:
+`python -m infra.targets.ssh facts|teardown` with the server in the environment.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pulumi
+
+from infra.config import Server, StackConfig, parse_size
+
+ROOT = Path(__file__).resolve().parents[2]
+
+SERVER_ENV = "TRAINSTACK_SERVER"  # the server record (JSON, the config key's spelling)
+KNOWN_HOSTS_ENV = "TRAINSTACK_KNOWN_HOSTS"
+MIN_MEMORY_ENV = "TRAINSTACK_MIN_MEMORY"  # bytes the server's role needs
+CURRENT_ENV = "TRAINSTACK_CURRENT_SERVERS"  # file: the servers of the running `up`
+ARTIFACTS_ENV = "TRAINSTACK_TEARDOWN_ARTIFACTS"
+# The roles are written for Debian 12 (roles/common/vars/Debian.yml, Debian's packages).
+SUPPORTED_OS = (("debian", "12"),)
+MIN_FREE_DISK = parse_size("4g")  # Java, Spark, TensorFlow and the wheels: about 3 GB
+CONNECT_TIMEOUT_S = 10
+FACTS_SCRIPT = r"""
+. /etc/os-release 2>/dev/null
+echo "os_id=${ID:-unknown}"
+echo "os_version=${VERSION_ID:-unknown}"
+echo "os_name=${PRETTY_NAME:-unknown}"
+echo "cores=$(nproc 2>/dev/null || echo 0)"
+echo "memory_kb=$(awk '/^MemTotal:/ {print $2}' /proc/meminfo 2>/dev/null || echo 0)"
+echo "disk_free_kb=$(df -Pk / 2>/dev/null | awk 'NR == 2 {print $4}')"
+echo "python3=$(command -v python3 || true)"
+if [ "$(id -u)" = 0 ] || sudo -n true 2>/dev/null; then echo "become=yes"; else echo "become=no"; fi
+"""
+
+
+class SshTargetError(Exception):
+    """A server cannot be used; the message names it and says why in one line."""
+
+
+@dataclass(frozen=True)
+class Facts:
+    os_id: str
+    os_version: str
+    os_name: str
+    cores: int
+    memory_bytes: int
+    disk_free_bytes: int
+    python3: str
+    become: bool
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "os": self.os_name,
+            "os_id": self.os_id,
+            "os_version": self.os_version,
+            "cores": self.cores,
+            "memory_bytes": self.memory_bytes,
+            "disk_free_bytes": self.disk_free_bytes,
+        }
+
+
+def known_hosts_entry(server: Server) -> str:
+    """How OpenSSH names the server in known_hosts."""
+    return server.address if server.port == 22 else f"[{server.address}]:{server.port}"
+
+
+def ssh_command(
+    server: Server, known_hosts: Path | str, *, first_contact: bool = False
+) -> list[str]:
+    """The ssh command line (without the remote command) for `server`, host keys checked.
+
+    `first_contact`: a server not in known_hosts yet is accepted and recorded there
+    (`accept-new`); a server whose key changed is refused either way.
+    """
+    command = [
+        "ssh",
+        "-p",
+        str(server.port),
+        "-o",
+        "BatchMode=yes",
+        "-o",
+        f"StrictHostKeyChecking={'accept-new' if first_contact else 'yes'}",
+        "-o",
+        f"UserKnownHostsFile={known_hosts}",
+        "-o",
+        f"ConnectTimeout={CONNECT_TIMEOUT_S}",
+        "-o",
+        "LogLevel=ERROR",
+    ]
+    if server.private_key_file:
+        command += ["-i", str(Path(server.private_key_file).expanduser()), "-o", "IdentitiesOnly=yes"]
+    return [*command, f"{server.user}@{server.address}"]
+
+
+def describe(server: Server) -> str:
+    return f"server {server.name} ({server.user}@{server.address}:{server.port})"
+
+
+def parse_facts(text: str) -> Facts:
+    values = dict(line.split("=", 1) for line in text.splitlines() if "=" in line)
+
+    def number(key: str) -> int:
+        try:
+            return int(values.get(key, "0") or 0)
+        except ValueError:
+            return 0
+
+    return Facts(
+        os_id=values.get("os_id", "unknown"),
+        os_version=values.get("os_version", "unknown"),
+        os_name=values.get("os_name", "unknown"),
+        cores=number("cores"),
+        memory_bytes=number("memory_kb") * 1024,
+        disk_free_bytes=number("disk_free_kb") * 1024,
+        python3=values.get("python3", ""),
+        become=values.get("become") == "yes",
+    )
+
+
+def fit_errors(server: Server, facts: Facts, min_memory: int) -> list[str]:
+    """Why `server` cannot run its roles, one sentence each."""
+    errors = []
+    if (facts.os_id, facts.os_version) not in SUPPORTED_OS:
+        allowed = ", ".join(f"{i} {v}" for i, v in SUPPORTED_OS)
+        errors.append(f"runs {facts.os_name}; the roles support {allowed}")
+    if facts.memory_bytes < min_memory:
+        errors.append(
+            f"has {facts.memory_bytes / 2**30:.1f} GiB of memory; its roles "
+            f"({', '.join(server.roles)}) need at least {min_memory / 2**30:.1f} GiB"
+        )
+    if facts.disk_free_bytes < MIN_FREE_DISK:
+        errors.append(
+            f"has {facts.disk_free_bytes / 2**30:.1f} GiB free on /; the install needs "
+            f"{MIN_FREE_DISK / 2**30:.0f} GiB"
+        )
+    if not facts.python3:
+        errors.append("has no python3, which Ansible needs: apt-get install python3")
+    if not facts.become:
+        errors.append(f"user {server.user} cannot sudo without a password, which the roles need")
+    return errors
+
+
+def _last_line(text: str) -> str:
+    lines = [line.strip() for line in text.strip().splitlines() if line.strip()]
+    return lines[-1] if lines else "no output"
+
+
+def probe(server: Server, known_hosts: Path, min_memory: int) -> dict[str, Any]:
+    """Connect, read the facts, check the fit, return the facts with the recorded host key."""
+    known_hosts.parent.mkdir(parents=True, exist_ok=True)
+    known_hosts.touch(mode=0o600, exist_ok=True)
+    try:
+        proc = subprocess.run(
+            [*ssh_command(server, known_hosts, first_contact=True), "sh", "-s"],
+            input=FACTS_SCRIPT,
+            capture_output=True,
+            text=True,
+            timeout=CONNECT_TIMEOUT_S * 3,
+        )
+    except subprocess.TimeoutExpired:
+        raise SshTargetError(f"{describe(server)}: no answer within {CONNECT_TIMEOUT_S * 3} s")
+    if proc.returncode != 0:
+        raise SshTargetError(
+            f"{describe(server)}: cannot connect over SSH: {_last_line(proc.stderr)}"
+        )
+    facts = parse_facts(proc.stdout)
+    errors = fit_errors(server, facts, min_memory)
+    if errors:
+        raise SshTargetError(f"{describe(server)} does not fit: " + "; ".join(errors))
+    return {**facts.as_dict(), "host_keys": host_keys(server, known_hosts)}
+
+
+def host_keys(server: Server, known_hosts: Path) -> list[str]:
+    """The known_hosts lines recorded for `server`."""
+    proc = subprocess.run(
+        ["ssh-keygen", "-F", known_hosts_entry(server), "-f", str(known_hosts)],
+        capture_output=True,
+        text=True,
+    )
+    return sorted(
+        line.strip()
+        for line in proc.stdout.splitlines()
+        if line.strip() and not line.startswith("#")
+    )
+
+
+def write_known_hosts(path: Path, lines: list[str]) -> None:
+    """known_hosts with exactly the recorded keys (mode 0600), replacing what was there."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    temporary = path.with_suffix(".tmp")
+    temporary.write_text("".join(f"{line}\n" for line in sorted(set(lines))))
+    temporary.chmod(0o600)
+    temporary.replace(path)
+
+
+def _server_from_env() -> Server:
+    from infra.config import parse_servers
+
+    servers, errors = parse_servers([json.loads(os.environ[SERVER_ENV])])
+    if errors or not servers:
+        raise SshTargetError("; ".join(errors) or "no server given")
+    return servers[0]
+
+
+def _still_listed(server: Server) -> bool:
+    """Whether the running `up` still lists a server at the same address and port (a
+    renamed server, or one replaced in place: its teardown would undo the new install)."""
+    current = os.environ.get(CURRENT_ENV, "")
+    if not current or not Path(current).exists():
+        return False
+    try:
+        listed = json.loads(Path(current).read_text())
+    except (OSError, ValueError):
+        return False
+    return any(
+        entry.get("address") == server.address and int(entry.get("port") or 22) == server.port
+        for entry in listed
+    )
+
+
+def teardown(server: Server, known_hosts: Path, artifacts: Path) -> str:
+    """Run playbooks/teardown.yml on `server`; returns a one-line summary."""
+    from infra import topology
+    from infra.provisioning.runner import run_playbook
+
+    if _still_listed(server):
+        return f"{describe(server)}: still listed under another name; nothing removed"
+    result = run_playbook(
+        topology.teardown_inventory([server], known_hosts),
+        "teardown.yml",
+        artifacts_dir=artifacts,
+        mitogen=False,
+    )
+    if not result.ok:
+        raise SshTargetError(
+            f"{describe(server)}: the teardown playbook failed ({result.status}); "
+            f"see {artifacts}"
+        )
+    return f"{describe(server)}: trainstack removed"
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = sys.argv[1:] if argv is None else argv
+    if args not in (["facts"], ["teardown"]):
+        print("usage: python -m infra.targets.ssh facts|teardown (server in the environment)")
+        return 2
+    try:
+        server = _server_from_env()
+        known_hosts = Path(os.environ[KNOWN_HOSTS_ENV])
+        if args == ["facts"]:
+            facts = probe(server, known_hosts, int(os.environ.get(MIN_MEMORY_ENV) or 0))
+            print(json.dumps(facts, sort_keys=True))
+        else:
+            artifacts = Path(os.environ.get(ARTIFACTS_ENV) or known_hosts.parent / "teardown")
+            print(teardown(server, known_hosts, artifacts), file=sys.stderr)
+    except (SshTargetError, KeyError, ValueError, OSError) as exc:
+        print(f"trainstack: {exc}", file=sys.stderr)
+        return 1
+    return 0
+
+
+@dataclass
+class SshClusterArgs:
+    config: StackConfig
+    stack: str
+    # `.artifacts/<stack>`: known_hosts, the current server list and teardown logs live here.
+    artifacts: Path
+
+
+class SshCluster(pulumi.ComponentResource):
+    """The servers of `trainstack:servers`: one `command.local.Command` each (facts on
+    create and on any change of its record, teardown on delete), and what provisioning and
+    the training launch need to reach them."""
+
+    nodes: pulumi.Output[list[dict]]
+    spark_master_url: str
+    ui_urls: pulumi.Output[dict[str, str]]
+    monitoring_url: pulumi.Output[str] | None
+    inventory: pulumi.Output[dict]
+    spark_auth_secret: pulumi.Output[str]
+    secret_id: pulumi.Output[str]
+
+    def __init__(
+        self, name: str, args: SshClusterArgs, opts: pulumi.ResourceOptions | None = None
+    ) -> None:
+        super().__init__("trainstack:ssh:Cluster", name, None, opts)
+        from pulumi_command import local
+
+        from infra import topology
+        from infra.components.secret import RandomSecret
+
+        config = args.config
+        servers = config.servers
+        plan = topology.server_plan(config, servers)
+        self.prefix = topology.resource_prefix(config, args.stack)
+        state_dir = args.artifacts / "ssh"
+        self.known_hosts = state_dir / "known_hosts"
+        current = state_dir / "servers.json"
+        state_dir.mkdir(parents=True, exist_ok=True)
+        current.write_text(json.dumps([s.as_dict() for s in servers], indent=2))
+        python = f"{sys.executable} -m infra.targets.ssh"
+        facts: dict[str, pulumi.Output[dict]] = {}
+        for server in servers:
+            command = local.Command(
+                f"server-{server.name}",
+                create=f"{python} facts",
+                delete=f"{python} teardown",
+                dir=str(ROOT),
+                environment={
+                    SERVER_ENV: json.dumps(server.as_dict(), sort_keys=True),
+                    KNOWN_HOSTS_ENV: str(self.known_hosts),
+                    MIN_MEMORY_ENV: str(
+                        config.worker_memory_bytes
+                        if server.group == "workers"
+                        else config.control_memory_bytes
+                    ),
+                    CURRENT_ENV: str(current),
+                    ARTIFACTS_ENV: str(state_dir / "teardown" / server.name),
+                },
+                # Another machine is another server: the old one is torn down, the new one
+                # probed. A change of user, key or roles probes the same server again.
+                triggers=[server.address, server.port],
+                opts=pulumi.ResourceOptions(parent=self),
+            )
+            facts[server.name] = command.stdout.apply(json.loads)
+        every_fact = pulumi.Output.all(**facts)
+        # known_hosts holds exactly what `up` recorded (a fresh clone of the project gets it
+        # back from the state); every later connection checks against it.
+        every_fact.apply(self._write_known_hosts)
+
+        secret = RandomSecret(
+            "spark-auth-secret",
+            keepers={"rotate": config.rotate_secrets} if config.rotate_secrets else {},
+            opts=pulumi.ResourceOptions(parent=self),
+        )
+        self.spark_auth_secret = secret.value
+        self.secret_id = secret.id
+        reach = {s.name: s.reach for s in servers}
+        self.spark_master_url = topology.master_url(plan, reach)
+        by_name = {s.name: s for s in servers}
+        self.ui_urls = pulumi.Output.from_input(
+            {
+                spec.key: f"http://{by_name[spec.key].address}:{topology.SPARK_MASTER_UI_PORT}"
+                for spec in plan
+                if spec.is_master
+            }
+        )
+        monitor = topology.monitoring_node(plan)
+        self.monitoring_url = (
+            pulumi.Output.from_input(
+                f"http://{by_name[monitor.key].address}:{topology.PROMETHEUS_PORT}"
+            )
+            if monitor
+            else None
+        )
+        self.nodes = every_fact.apply(
+            lambda f: [
+                {
+                    "name": spec.key,
+                    "roles": list(spec.roles),
+                    "address": by_name[spec.key].address,
+                    "facts": {k: v for k, v in f[spec.key].items() if k != "host_keys"},
+                }
+                for spec in plan
+            ]
+        )
+        # Provisioning follows the facts: it runs after every server answered.
+        self.inventory = every_fact.apply(
+            lambda _: topology.inventory(
+                config, self.prefix, plan, servers=servers, known_hosts=str(self.known_hosts)
+            )
+        )
+        self.submit_candidates = [
+            {
+                "name": spec.key,
+                "transport": "ssh",
+                "host": by_name[spec.key].address,
+                "port": by_name[spec.key].port,
+                "user": by_name[spec.key].user,
+                "private_key_file": by_name[spec.key].private_key_file,
+                "known_hosts_file": str(self.known_hosts),
+            }
+            for spec in plan
+            if "spark_worker" in spec.roles
+        ]
+        self.register_outputs(
+            {
+                "nodes": self.nodes,
+                "spark_master_url": self.spark_master_url,
+                "ui_urls": self.ui_urls,
+                "inventory": self.inventory,
+            }
+        )
+
+    def _write_known_hosts(self, facts: dict[str, dict]) -> None:
+        lines = [line for f in facts.values() for line in f.get("host_keys", [])]
+        if lines:
+            write_known_hosts(self.known_hosts, lines)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,174 @@
+"""Servers for the ssh target's tests and benchmark: containers that run Debian's sshd.
+
+Each container is a plain Debian 12 machine as far as trainstack can tell: Debian's
+`openssh-server` (installed by apt when the image is built), a non-root user `deploy` with
+passwordless sudo, host keys made when the container starts, a key pair made per test. The
+only thing the containers share is a volume mounted at /srv/trainstack: it stands in for
+the shared file system (NFS) the operator of real servers mounts there (docs/targets.md).
+Nothing of trainstack is installed: provisioning does a full install over SSH.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import subprocess
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import docker
+
+BASE_IMAGE = "debian:bookworm"
+LOGIN_USER = "deploy"
+SHARED_MOUNT = "/srv/trainstack"
+LABEL = "org.trainstack.test-sshd"
+DOCKERFILE = f"""\
+FROM {BASE_IMAGE}
+RUN apt-get update \\
+ && DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends \\
+      openssh-server sudo python3 \\
+ && rm -rf /var/lib/apt/lists/* /etc/ssh/ssh_host_* \\
+ && mkdir -p /run/sshd \\
+ && useradd --create-home --shell /bin/bash {LOGIN_USER} \\
+ && echo '{LOGIN_USER} ALL=(ALL) NOPASSWD: ALL' > /etc/sudoers.d/{LOGIN_USER} \\
+ && chmod 0440 /etc/sudoers.d/{LOGIN_USER} \\
+ && printf 'PasswordAuthentication no\\nPermitRootLogin no\\n' \\
+      > /etc/ssh/sshd_config.d/trainstack-test.conf
+# Host keys are made per container; the authorized key comes from the test.
+CMD ["sh", "-c", "ssh-keygen -A >/dev/null && install -d -m 0700 -o {LOGIN_USER} -g {LOGIN_USER} /home/{LOGIN_USER}/.ssh && printf '%s\\n' \\"$AUTHORIZED_KEY\\" > /home/{LOGIN_USER}/.ssh/authorized_keys && chown {LOGIN_USER}: /home/{LOGIN_USER}/.ssh/authorized_keys && chmod 0600 /home/{LOGIN_USER}/.ssh/authorized_keys && exec /usr/sbin/sshd -D -e"]
+"""
+IMAGE_TAG = "trainstack-test-sshd:" + hashlib.sha256(DOCKERFILE.encode()).hexdigest()[:12]
+
+
+def build_image(client: docker.DockerClient) -> str:
+    """The sshd image (built once per Dockerfile digest; apt reaches Debian's mirror)."""
+    try:
+        client.images.get(IMAGE_TAG)
+        return IMAGE_TAG
+    except docker.errors.ImageNotFound:
+        pass
+    client.images.build(
+        fileobj=io.BytesIO(DOCKERFILE.encode()),
+        tag=IMAGE_TAG,
+        rm=True,
+        forcerm=True,
+        labels={LABEL: "image"},
+    )
+    return IMAGE_TAG
+
+
+def make_key(directory: Path) -> Path:
+    """A fresh ed25519 key pair; returns the private key file (mode 0600)."""
+    directory.mkdir(parents=True, exist_ok=True)
+    key = directory / "id_ed25519"
+    subprocess.run(
+        ["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", "trainstack-test", "-f", str(key)],
+        check=True,
+    )
+    key.chmod(0o600)
+    return key
+
+
+@dataclass
+class SshServers:
+    """A set of sshd containers on one network, sharing one volume at /srv/trainstack."""
+
+    prefix: str
+    key_file: Path
+    client: docker.DockerClient
+
+    def __post_init__(self) -> None:
+        self.network = f"{self.prefix}-sshnet"
+        self.volume = f"{self.prefix}-shared"
+        self.names: list[str] = []
+
+    def start(self, names: list[str], *, memory: str = "3g") -> dict[str, str]:
+        """Start (or find) one container per name; returns name -> IP address."""
+        image = build_image(self.client)
+        labels = {LABEL: self.prefix}
+        if not self.client.networks.list(names=[self.network]):
+            self.client.networks.create(self.network, driver="bridge", labels=labels)
+        if not self.client.volumes.list(filters={"name": self.volume}):
+            self.client.volumes.create(self.volume, labels=labels)
+        public_key = Path(f"{self.key_file}.pub").read_text().strip()
+        for name in names:
+            container_name = f"{self.prefix}-{name}"
+            try:
+                self.client.containers.get(container_name)
+            except docker.errors.NotFound:
+                self.client.containers.run(
+                    image,
+                    name=container_name,
+                    hostname=name,
+                    detach=True,
+                    environment={"AUTHORIZED_KEY": public_key},
+                    network=self.network,
+                    volumes={self.volume: {"bind": SHARED_MOUNT, "mode": "rw"}},
+                    mem_limit=memory,
+                    labels=labels,
+                )
+            if name not in self.names:
+                self.names.append(name)
+        return {name: self.address(name) for name in names}
+
+    def address(self, name: str) -> str:
+        container = self.client.containers.get(f"{self.prefix}-{name}")
+        for _ in range(50):
+            container.reload()
+            ip = container.attrs["NetworkSettings"]["Networks"][self.network]["IPAddress"]
+            if ip:
+                return str(ip)
+            time.sleep(0.1)
+        raise RuntimeError(f"{container.name} has no address on {self.network}")
+
+    def wait_ready(self, names: list[str], timeout_s: float = 60) -> None:
+        """Until sshd on each server answers (a banner on port 22)."""
+        import socket
+
+        deadline = time.monotonic() + timeout_s
+        for name in names:
+            address = self.address(name)
+            while True:
+                try:
+                    with socket.create_connection((address, 22), timeout=2) as sock:
+                        if sock.recv(64).startswith(b"SSH-"):
+                            break
+                except OSError:
+                    pass
+                if time.monotonic() > deadline:
+                    raise RuntimeError(f"sshd on {name} ({address}) did not answer")
+                time.sleep(0.3)
+
+    def host_key_line(self, name: str) -> str:
+        """The server's ed25519 host key as a known_hosts line (read through the engine)."""
+        container = self.client.containers.get(f"{self.prefix}-{name}")
+        code, out = container.exec_run(["cat", "/etc/ssh/ssh_host_ed25519_key.pub"])
+        if code != 0:
+            raise RuntimeError(f"{name}: no host key yet")
+        kind, key = out.decode().split()[:2]
+        return f"{self.address(name)} {kind} {key}"
+
+    def server_records(self, roles: dict[str, list[str]]) -> list[dict]:
+        """The `trainstack:servers` list for these containers (name -> roles, in order)."""
+        return [
+            {
+                "name": name,
+                "address": self.address(name),
+                "user": LOGIN_USER,
+                "privateKeyFile": str(self.key_file),
+                "roles": list(node_roles),
+            }
+            for name, node_roles in roles.items()
+        ]
+
+    def remove(self) -> None:
+        """Remove every container, the network and the shared volume of this set."""
+        for container in self.client.containers.list(
+            all=True, filters={"label": f"{LABEL}={self.prefix}"}
+        ):
+            container.remove(force=True, v=True)
+        for network in self.client.networks.list(filters={"label": f"{LABEL}={self.prefix}"}):
+            network.remove()
+        for volume in self.client.volumes.list(filters={"label": f"{LABEL}={self.prefix}"}):
+            volume.remove(force=True)

@@ -1,0 +1,141 @@
+"""The ssh target's pure parts: facts, fit, ssh command lines, inventories (no servers)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from infra import topology
+from infra.config import Server, StackConfig
+from infra.targets import ssh
+
+pytestmark = pytest.mark.unit
+
+FACTS = """\
+os_id=debian
+os_version=12
+os_name=Debian GNU/Linux 12 (bookworm)
+cores=4
+memory_kb=8000000
+disk_free_kb=20000000
+python3=/usr/bin/python3
+become=yes
+"""
+
+
+def server(**changes) -> Server:
+    fields = {
+        "name": "wrk-1",
+        "address": "192.0.2.20",
+        "user": "deploy",
+        "roles": ("spark_worker", "tensorflow"),
+        "port": 22,
+        "private_key_file": "/keys/id_ed25519",
+    }
+    fields.update(changes)
+    return Server(**fields)
+
+
+def test_facts_are_read_from_the_probe_output():
+    facts = ssh.parse_facts(FACTS)
+    assert (facts.os_id, facts.os_version, facts.cores) == ("debian", "12", 4)
+    assert facts.memory_bytes == 8000000 * 1024
+    assert facts.become and facts.python3 == "/usr/bin/python3"
+
+
+def test_a_fitting_server_has_no_errors():
+    assert ssh.fit_errors(server(), ssh.parse_facts(FACTS), 2 * 2**30) == []
+
+
+@pytest.mark.parametrize(
+    ("line", "fragment"),
+    [
+        ("os_id=ubuntu\nos_name=Ubuntu 24.04", "runs Ubuntu 24.04; the roles support debian 12"),
+        ("memory_kb=1000000", "GiB of memory; its roles (spark_worker, tensorflow) need"),
+        ("disk_free_kb=1000", "free on /; the install needs 4 GiB"),
+        ("python3=", "has no python3"),
+        ("become=no", "user deploy cannot sudo without a password"),
+    ],
+)
+def test_a_server_that_does_not_fit_is_named_with_the_reason(line, fragment):
+    key = line.split("=", 1)[0]
+    text = "\n".join(x for x in FACTS.splitlines() if not x.startswith(key + "=")) + "\n" + line
+    errors = ssh.fit_errors(server(), ssh.parse_facts(text), 2 * 2**30)
+    assert any(fragment in e for e in errors), errors
+
+
+def test_ssh_checks_host_keys_and_records_only_on_first_contact(tmp_path):
+    known = tmp_path / "known_hosts"
+    later = ssh.ssh_command(server(port=2222), known)
+    first = ssh.ssh_command(server(port=2222), known, first_contact=True)
+    assert "StrictHostKeyChecking=yes" in later and "StrictHostKeyChecking=accept-new" in first
+    for command in (later, first):
+        assert f"UserKnownHostsFile={known}" in command
+        assert "StrictHostKeyChecking=no" not in command
+        assert command[-1] == "deploy@192.0.2.20"
+        assert command[command.index("-p") + 1] == "2222"
+        assert command[command.index("-i") + 1] == "/keys/id_ed25519"
+    assert ssh.known_hosts_entry(server(port=2222)) == "[192.0.2.20]:2222"
+    assert ssh.known_hosts_entry(server()) == "192.0.2.20"
+
+
+def test_known_hosts_holds_exactly_the_recorded_keys_with_a_tight_mode(tmp_path):
+    path = tmp_path / "ssh" / "known_hosts"
+    ssh.write_known_hosts(path, ["b ssh-ed25519 BBBB", "a ssh-ed25519 AAAA", "a ssh-ed25519 AAAA"])
+    assert path.read_text() == "a ssh-ed25519 AAAA\nb ssh-ed25519 BBBB\n"
+    assert path.stat().st_mode & 0o777 == 0o600
+
+
+def test_a_server_still_listed_at_the_same_address_is_not_torn_down(tmp_path, monkeypatch):
+    current = tmp_path / "servers.json"
+    current.write_text(json.dumps([{"name": "renamed", "address": "192.0.2.20", "port": 22}]))
+    monkeypatch.setenv(ssh.CURRENT_ENV, str(current))
+    assert "still listed" in ssh.teardown(server(), tmp_path / "kh", tmp_path / "artifacts")
+
+
+def test_the_cli_reports_an_unreachable_server_in_one_line(tmp_path, monkeypatch, capsys):
+    record = server(address="127.0.0.1", port=1).as_dict()
+    record["privateKeyFile"] = ""
+    monkeypatch.setenv(ssh.SERVER_ENV, json.dumps(record))
+    monkeypatch.setenv(ssh.KNOWN_HOSTS_ENV, str(tmp_path / "known_hosts"))
+    assert ssh.main(["facts"]) == 1
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1
+    assert err[0].startswith("trainstack: server wrk-1 (deploy@127.0.0.1:1): cannot connect")
+    assert "Traceback" not in err[0]
+
+
+def test_the_stack_inventory_checks_host_keys_against_the_recorded_file():
+    servers = (
+        server(
+            name="ctl-1",
+            roles=("zookeeper", "spark_master"),
+            address="192.0.2.10",
+            private_key_file="",
+        ),
+        server(private_key_file=""),
+    )
+    config = StackConfig.from_mapping(
+        {"target": "ssh", "servers": json.dumps([s.as_dict() for s in servers])}
+    )
+    plan = topology.server_plan(config, config.servers)
+    inventory = topology.inventory(
+        config, "ts", plan, servers=config.servers, known_hosts="/state/known_hosts"
+    )
+    all_vars = inventory["all"]["vars"]
+    assert all_vars["ansible_connection"] == "ssh"
+    assert all_vars["ansible_host_key_checking"] is True
+    assert all_vars["ansible_ssh_common_args"] == (
+        "-o UserKnownHostsFile=/state/known_hosts -o StrictHostKeyChecking=yes"
+    )
+    assert all_vars["trainstack_shared_storage_check"] is True
+    assert config.training_workers == 1
+
+
+def test_the_teardown_inventory_names_only_the_removed_servers():
+    inventory = topology.teardown_inventory([server()], "/state/known_hosts")
+    assert list(inventory["all"]["hosts"]) == ["wrk-1"]
+    host = inventory["all"]["hosts"]["wrk-1"]
+    assert (host["ansible_host"], host["ansible_user"]) == ("192.0.2.20", "deploy")
+    assert "StrictHostKeyChecking=yes" in inventory["all"]["vars"]["ansible_ssh_common_args"]
