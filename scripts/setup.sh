@@ -6,8 +6,8 @@
 #   scripts/setup.sh            all steps
 #   scripts/setup.sh STEP...    only these steps (names as printed)
 #
-# Settings: TRAINSTACK_PLUGIN_SOURCES (the folder with python-langhost/ and
-# docker-provider/, built when Pulumi's download sites do not answer; default
+# Settings: TRAINSTACK_PLUGIN_SOURCES (the folder with python-langhost/, docker-provider/
+# and command-provider/, built when Pulumi's download sites do not answer; default
 # ../shared/pulumi-src beside the clone), TRAINSTACK_CACHE, TRAINSTACK_USE_SYSTEM_PULUMI.
 set -euo pipefail
 
@@ -26,7 +26,8 @@ LOGS="$STATE/logs"
 CACHE="${TRAINSTACK_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/trainstack}"
 DOCKERD_LOG="${TRAINSTACK_DOCKERD_LOG:-$STATE/dockerd.log}"
 # Sources of the official plugins that cannot be downloaded here (air-gapped machines):
-# a folder with python-langhost/ and docker-provider/. Read only; builds copy it first.
+# a folder with python-langhost/, docker-provider/ and command-provider/. Read only; builds
+# copy it first.
 if [ -z "${TRAINSTACK_PLUGIN_SOURCES:-}" ] && [ -d "$ROOT/../shared/pulumi-src" ]; then
   TRAINSTACK_PLUGIN_SOURCES=$(cd "$ROOT/../shared/pulumi-src" && pwd)
 fi
@@ -221,7 +222,8 @@ plugin_sources() {
     echo "(looked for the folder ${PLUGIN_SOURCES:-<TRAINSTACK_PLUGIN_SOURCES unset>}/$sub)."
     echo "Either run setup on a machine that reaches get.pulumi.com and github.com, or"
     echo "export TRAINSTACK_PLUGIN_SOURCES=/path/to/pulumi-src (the folder holding"
-    echo "python-langhost/ and docker-provider/, default ../shared/pulumi-src) and run it again."
+    echo "python-langhost/, docker-provider/ and command-provider/, default ../shared/pulumi-src)"
+    echo "and run it again."
   } >&2
   return 1
 }
@@ -295,10 +297,13 @@ step_pulumi_python_host() {
   echo "pulumi-language-python $("$BIN/pulumi-language-python" -version) and its scripts in $BIN (from $from)"
 }
 
-docker_provider_listed() {
+# resource_plugin_listed NAME VERSION: `pulumi plugin ls` lists the resource plugin.
+resource_plugin_listed() {
   pulumi plugin ls 2>/dev/null |
-    awk -v v="$PULUMI_DOCKER_PROVIDER_VERSION" '$1 == "docker" && $2 == "resource" && $3 == v { found = 1 } END { exit !found }'
+    awk -v n="$1" -v v="$2" '$1 == n && $2 == "resource" && $3 == v { found = 1 } END { exit !found }'
 }
+
+docker_provider_listed() { resource_plugin_listed docker "$PULUMI_DOCKER_PROVIDER_VERSION"; }
 
 build_docker_provider() {
   local src work=$STATE/plugin-build/docker-provider v=$PULUMI_DOCKER_PROVIDER_VERSION
@@ -345,6 +350,53 @@ step_pulumi_docker_provider() {
   rm -rf "$work"
   docker_provider_listed || { echo "pulumi plugin ls does not list docker $v after the install"; return 1; }
   echo "plugin resource docker $v installed from $from"
+}
+
+command_provider_listed() { resource_plugin_listed command "$PULUMI_COMMAND_PROVIDER_VERSION"; }
+
+build_command_provider() {
+  local src work=$STATE/plugin-build/command-provider v=$PULUMI_COMMAND_PROVIDER_VERSION
+  command -v go >/dev/null || { echo "Go is needed to build pulumi-resource-command; install golang"; return 1; }
+  src=$(plugin_sources command-provider "the command provider plugin (pulumi-resource-command)" \
+    "the download failed and it is not cached")
+  echo "building pulumi-resource-command v$v from $src (copied to $work)"
+  # The build writes go.sum entries into the folder: build a copy.
+  writable_copy "$src" "$work"
+  (
+    cd "$work/provider"
+    CGO_ENABLED=0 log_cmd go mod download
+    CGO_ENABLED=0 log_cmd go build -trimpath \
+      -ldflags "-s -w -X github.com/pulumi/pulumi-command/provider/pkg/version.Version=v$v" \
+      -o pulumi-resource-command ./cmd/pulumi-resource-command
+  )
+}
+
+step_pulumi_command_provider() {
+  local v=$PULUMI_COMMAND_PROVIDER_VERSION cache="$CACHE/pulumi-resource-command-v$PULUMI_COMMAND_PROVIDER_VERSION"
+  local work=$STATE/plugin-build/command-provider from
+  if command_provider_listed; then
+    echo "plugin resource command $v present ($PULUMI_HOME/plugins)"
+    return
+  fi
+  # The official way: a download from Pulumi's release sites.
+  if log_cmd timeout 60 pulumi plugin install resource command "$v"; then
+    command_provider_listed || { echo "pulumi plugin install succeeded but plugin ls does not list command $v"; return 1; }
+    echo "plugin resource command $v downloaded (pulumi plugin install)"
+    return
+  fi
+  echo "download failed; using the user cache or building from source"
+  if [ -x "$cache/pulumi-resource-command" ]; then
+    from="the user cache $cache"
+  else
+    build_command_provider
+    cache_files "$work/provider" "$cache" pulumi-resource-command
+    from="a build from source"
+  fi
+  # Installed into the plugin cache, not on PATH.
+  log_cmd pulumi plugin install resource command "$v" --file "$cache/pulumi-resource-command"
+  rm -rf "$work"
+  command_provider_listed || { echo "pulumi plugin ls does not list command $v after the install"; return 1; }
+  echo "plugin resource command $v installed from $from"
 }
 
 venv_stamp() {
@@ -407,11 +459,12 @@ step_check() {
   pulumi plugin ls >/dev/null
   echo "pulumi $(pulumi version); language python $(pulumi-language-python -version 2>/dev/null || echo missing);" \
     "docker provider $(docker_provider_listed && echo "$PULUMI_DOCKER_PROVIDER_VERSION" || echo missing);" \
+    "command provider $(command_provider_listed && echo "$PULUMI_COMMAND_PROVIDER_VERSION" || echo missing);" \
     "python $("$VENV/bin/python" --version 2>&1 | cut -d' ' -f2)"
 }
 
 ALL_STEPS=(os_packages java docker_engine base_image pulumi_cli python_env promtool pulumi_python_host
-  pulumi_docker_provider pulumi_backend check)
+  pulumi_docker_provider pulumi_command_provider pulumi_backend check)
 steps=("$@")
 [ ${#steps[@]} -gt 0 ] || steps=("${ALL_STEPS[@]}")
 total_start=$(date +%s)

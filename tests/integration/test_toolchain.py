@@ -1,5 +1,5 @@
 """The toolchain setup installs: the CLI, the official Python language host, the official
-docker provider plugin, and a smoke stack that uses them."""
+docker and command provider plugins, and smoke stacks that use them."""
 
 import json
 import re
@@ -58,16 +58,84 @@ def test_python_language_host_is_the_official_one(tmp_path):
     assert "toolchainVersion='" in about, about
 
 
-def test_docker_provider_plugin_is_installed(tmp_path):
+def constraint(name):
+    """The version constraints.txt pins for the Python package `name`."""
+    pins = dict(
+        line.split("==", 1)
+        for line in (ROOT / "constraints.txt").read_text().splitlines()
+        if "==" in line and not line.startswith("#")
+    )
+    return pins[name]
+
+
+@pytest.mark.parametrize(
+    ("plugin", "setting", "sdk"),
+    [
+        ("docker", "PULUMI_DOCKER_PROVIDER_VERSION", "pulumi_docker"),
+        ("command", "PULUMI_COMMAND_PROVIDER_VERSION", "pulumi_command"),
+    ],
+)
+def test_provider_plugin_is_installed(tmp_path, plugin, setting, sdk):
     """`pulumi plugin ls` lists the official provider at the pinned version, and the
-    program's dependencies (the pulumi_docker SDK in .venv) ask for that version."""
+    program's dependencies (the provider's SDK in .venv) ask for that version."""
     env = project_env(tmp_path)
-    version = versions()["PULUMI_DOCKER_PROVIDER_VERSION"]
+    version = versions()[setting]
+    assert constraint(sdk) == version, f"{setting} and the {sdk} pin in constraints.txt differ"
     plugins = run(["pulumi", "plugin", "ls"], env).stdout
-    assert re.search(rf"^docker\s+resource\s+{re.escape(version)}\s", plugins, re.M), plugins
-    assert not shutil.which("pulumi-resource-docker", path=env["PATH"]), "provider left on PATH"
+    assert re.search(rf"^{plugin}\s+resource\s+{re.escape(version)}\s", plugins, re.M), plugins
+    assert not shutil.which(f"pulumi-resource-{plugin}", path=env["PATH"]), "provider on PATH"
     about = run(["pulumi", "about"], env).stdout
-    assert re.search(rf"resource\s+docker\s+{re.escape(version)}", about), about
+    assert re.search(rf"resource\s+{plugin}\s+{re.escape(version)}", about), about
+
+
+def test_command_smoke_stack_runs_create_update_and_delete(tmp_path):
+    """A one-resource stack with the official command provider: `create` runs on `up`, a
+    second `up` runs nothing, a changed trigger runs it again, `delete` runs on destroy."""
+    project = tmp_path / "cmdsmoke"
+    project.mkdir()
+    marks = tmp_path / "marks"
+    (project / "Pulumi.yaml").write_text("name: cmdsmoke\nruntime: python\n")
+    (project / "__main__.py").write_text(
+        textwrap.dedent(
+            f"""
+            import pulumi
+            import pulumi_command as command
+
+            config = pulumi.Config()
+            run = command.local.Command(
+                "hello",
+                create="echo created >> {marks}; echo hello-$TRIGGER",
+                delete="echo deleted >> {marks}",
+                environment={{"TRIGGER": config.get("trigger") or "one"}},
+                triggers=[config.get("trigger") or "one"],
+            )
+            pulumi.export("stdout", run.stdout)
+            """
+        )
+    )
+    env = project_env(tmp_path / "state")
+    (tmp_path / "state").mkdir()
+    stack = "c" + tmp_path.name[-6:].replace("_", "")
+
+    def up():
+        run(["pulumi", "up", "--yes", "--stack", stack], env, cwd=project)
+        out = run(["pulumi", "stack", "output", "--json", "--stack", stack], env, cwd=project)
+        return json.loads(out.stdout)["stdout"]
+
+    run(["pulumi", "stack", "init", stack], env, cwd=project)
+    try:
+        assert up() == "hello-one"
+        assert marks.read_text().splitlines() == ["created"]
+        assert up() == "hello-one"
+        assert marks.read_text().splitlines() == ["created"], "a second `up` ran the command"
+        run(["pulumi", "config", "set", "trigger", "two", "--stack", stack], env, cwd=project)
+        assert up() == "hello-two"
+        assert marks.read_text().splitlines().count("created") == 2
+        run(["pulumi", "destroy", "--yes", "--stack", stack], env, cwd=project)
+        assert marks.read_text().splitlines()[-1] == "deleted"
+    finally:
+        run(["pulumi", "destroy", "--yes", "--stack", stack], env, cwd=project, check=False)
+        run(["pulumi", "stack", "rm", "--yes", stack], env, cwd=project, check=False)
 
 
 def test_smoke_stack_network_and_container_up_and_destroy(tmp_path, engine):
