@@ -253,6 +253,9 @@ def _ssh_host(server: Server) -> dict:
         "ansible_user": server.user,
         "trainstack_node_address": server.reach,
         "trainstack_ip_address": server.reach,
+        # Spark's daemons and UIs on the cluster address only, not on a public one
+        # (docs/security.md); drivers advertise it to the executors.
+        "spark_local_ip": server.reach,
     }
     if server.private_key_file:
         host["ansible_ssh_private_key_file"] = server.private_key_file

@@ -104,6 +104,9 @@ def ssh_command(
         f"ConnectTimeout={CONNECT_TIMEOUT_S}",
         "-o",
         "LogLevel=ERROR",
+        # The recorded keys stay readable (and comparable) in known_hosts and the state.
+        "-o",
+        "HashKnownHosts=no",
     ]
     if server.private_key_file:
         command += ["-i", str(Path(server.private_key_file).expanduser()), "-o", "IdentitiesOnly=yes"]
