@@ -163,8 +163,13 @@ def main() -> None:
         "training",
         TrainingArgs(
             master_url=cluster.spark_master_url,
+            # Node records (infra.transport): the docker target's nodes are its containers.
             submit_candidates=[
-                f"{cluster.prefix}-{spec.key}"
+                {
+                    "name": spec.key,
+                    "transport": "docker",
+                    "container": f"{cluster.prefix}-{spec.key}",
+                }
                 for spec in topology.plan(config)
                 if "spark_worker" in spec.roles
             ],
