@@ -136,8 +136,9 @@ def main() -> None:
         submit_candidates: list = cluster.submit_candidates
     else:
         cluster = docker_cluster(config, stack, artifacts, wheelhouse)
+        # Node records (infra.transport): the docker target's nodes are its containers.
         submit_candidates = [
-            f"{cluster.prefix}-{spec.key}"
+            {"name": spec.key, "transport": "docker", "container": f"{cluster.prefix}-{spec.key}"}
             for spec in topology.plan(config)
             if "spark_worker" in spec.roles
         ]

@@ -10,11 +10,9 @@ TensorFlow's backup instead of starting over.
 
 from __future__ import annotations
 
-import io
 import json
 import shlex
 import sys
-import tarfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -24,6 +22,7 @@ import pulumi
 from pulumi.dynamic import CreateResult, DiffResult, Resource, ResourceProvider, UpdateResult
 
 from infra.errors import UserFacingError, short_provider_errors, write_details
+from infra.transport import Transport, TransportError, transports_for
 
 short_provider_errors()
 
@@ -46,48 +45,28 @@ class TrainingError(UserFacingError):
     """The job failed; the message carries the job's own error."""
 
 
-def _stream_exec(container: Any, command: list[str], env: dict[str, str]) -> tuple[int, str]:
-    """Run `command` in `container` as the daemons' user, echoing its output live.
-
-    Returns (exit code, stdout). The job runs as `trainstack`, who owns the shared storage
-    and Spark's client config (with the cluster's auth secret, mode 0600).
-    """
-    api = container.client.api
-    exec_id = api.exec_create(container.id, command, environment=env, user=JOB_USER)["Id"]
-    stdout = io.StringIO()
-    for out, err in api.exec_start(exec_id, stream=True, demux=True):
-        if err:
-            sys.stderr.write(err.decode(errors="replace"))
-            sys.stderr.flush()
-        if out:
-            text = out.decode(errors="replace")
-            stdout.write(text)
-            sys.stderr.write(text)
-            sys.stderr.flush()
-    return int(api.exec_inspect(exec_id)["ExitCode"]), stdout.getvalue()
-
-
-def _copy_results(container: Any, run_dir: str, dest: Path) -> list[str]:
+def _copy_results(node: Transport, run_dir: str, dest: Path) -> list[str]:
     dest.mkdir(parents=True, exist_ok=True)
     copied = []
     for name in RESULT_FILES:
         try:
-            stream, _ = container.get_archive(f"{run_dir}/{name}")
-        except Exception as exc:  # the plot is optional; a missing model is not
+            data = node.fetch(f"{run_dir}/{name}")
+        except TransportError as exc:  # the plot is optional; a missing model is not
             if name == "curves.png":
                 continue
             raise TrainingError(f"{run_dir}/{name} was not written by the job: {exc}") from exc
-        with tarfile.open(fileobj=io.BytesIO(b"".join(stream))) as tar:
-            member = tar.getmember(name)
-            extracted = tar.extractfile(member)
-            assert extracted is not None
-            (dest / name).write_bytes(extracted.read())
+        (dest / name).write_bytes(data)
         copied.append(str(dest / name))
     return copied
 
 
 def _utilisation(
-    props: dict[str, Any], container: Any, run_dir: str, host_dir: Path, start: float, end: float
+    props: dict[str, Any],
+    submitter: Transport,
+    run_dir: str,
+    host_dir: Path,
+    start: float,
+    end: float,
 ) -> dict[str, Any]:
     """The run's utilisation picture from Prometheus (when monitoring is on): the PNG on the
     host and in the run directory beside curves.png, and the bottleneck node. A failure is
@@ -109,13 +88,10 @@ def _utilisation(
     except MonitoringError as exc:
         print(f"utilisation picture: {exc}", file=sys.stderr)
         return {"utilisation_error": str(exc)}
-    data = Path(found["plot"]).read_bytes()
-    archive = io.BytesIO()
-    with tarfile.open(fileobj=archive, mode="w") as tar:
-        info = tarfile.TarInfo(PLOT_FILE)
-        info.size, info.mode, info.mtime = len(data), 0o644, int(time.time())
-        tar.addfile(info, io.BytesIO(data))
-    container.put_archive(run_dir, archive.getvalue())
+    try:
+        submitter.put(f"{run_dir}/{PLOT_FILE}", Path(found["plot"]).read_bytes(), mode=0o644)
+    except TransportError as exc:  # the picture is on the host all the same
+        print(f"utilisation picture not copied into the run directory: {exc}", file=sys.stderr)
     node = found["bottleneck"]
     share = found["nodes"][node]["cpu_share_of_limit"]
     print(f"utilisation: bottleneck {node} ({share:.0%} of its CPU limit)", file=sys.stderr)
@@ -127,76 +103,84 @@ def _utilisation(
     }
 
 
-def _candidates(props: dict[str, Any]) -> list[str]:
-    """The nodes that may submit, in order (state written before the list had one name)."""
-    return list(props.get("submit_candidates") or [props["submit_container"]])
+def _candidates(props: dict[str, Any]) -> list[Transport]:
+    """The nodes that may submit, in order: node records (or the container names of state
+    written before node records; before that, one name in `submit_container`)."""
+    return transports_for(list(props.get("submit_candidates") or [props["submit_container"]]))
 
 
-def _submitter(candidates: list[str]) -> Any:
-    """The first candidate that is running and can start the job (the training package is
+def _submitter(candidates: list[Any]) -> Transport:
+    """The first candidate that is reachable and can start the job (the training package is
     installed): no single node is required to launch or resume a run, because the run's
-    directory, data and backup are on storage every node mounts."""
-    from infra.engine import EngineError, docker_client
-
-    try:
-        client = docker_client()
-    except EngineError as exc:
-        raise TrainingError(f"training job: {exc}") from None
+    directory, data and backup are on storage every node mounts. `candidates`: transports,
+    or node records."""
+    nodes: list[Transport] = (
+        list(candidates)
+        if all(isinstance(c, Transport) for c in candidates)
+        else transports_for(candidates)
+    )
     why = []
-    for name in candidates:
+    for node in nodes:
         try:
-            container = client.containers.get(name)
-        except Exception as exc:
-            why.append(f"{name}: not on the engine ({str(exc).splitlines()[0][:120]})")
-            continue
-        if container.status != "running":
-            why.append(f"{name}: {container.status}")
+            reason = node.unavailable()
+        except TransportError as exc:  # nothing reachable at all (no Docker engine)
+            raise TrainingError(f"training job: {exc}") from None
+        if reason:
+            why.append(f"{node.name}: {reason}")
             continue
         try:
-            code, _ = container.exec_run(["test", "-x", f"{NODE_VENV}/bin/trainstack-train"])
-        except Exception as exc:
-            why.append(f"{name}: cannot run a command ({str(exc).splitlines()[0][:120]})")
+            code, _ = node.run(["test", "-x", f"{NODE_VENV}/bin/trainstack-train"])
+        except TransportError as exc:
+            why.append(f"{node.name}: cannot run a command ({_reason(exc)})")
             continue
         if code != 0:
-            why.append(f"{name}: {NODE_VENV}/bin/trainstack-train is missing (not provisioned)")
+            why.append(
+                f"{node.name}: {NODE_VENV}/bin/trainstack-train is missing (not provisioned)"
+            )
             continue
         if why:
-            print(f"submitting from {name}; skipped {'; '.join(why)}", file=sys.stderr)
-        return container
+            print(f"submitting from {node.name}; skipped {'; '.join(why)}", file=sys.stderr)
+        return node
+    remedies = list(dict.fromkeys(node.remedy for node in nodes)) or ["start one"]
     raise TrainingError(
         "training job: no worker node can submit the job ("
         + "; ".join(why)
-        + "); start one (`docker start <name>`) and run `pulumi up` again"
+        + "); "
+        + " or ".join(remedies)
+        + " and run `pulumi up` again"
     )
 
 
-def _stop_earlier_launches(candidates: list[str], run_dir: str, grace_s: int = 60) -> None:
+def _reason(exc: TransportError) -> str:
+    """A transport's error without the node's name in front (the caller names the node)."""
+    return str(exc).split(": ", 1)[-1].splitlines()[0][:120]
+
+
+def _stop_earlier_launches(candidates: list[Transport], run_dir: str, grace_s: int = 60) -> None:
     """Stop a launch of this run that still runs on a node, so that the new one resumes alone.
 
     A `pulumi up` stopped at once (a second Ctrl-C, a killed `pulumi`) takes this provider
-    with it, but not the job it started with `docker exec`: that keeps training into the run's
-    directory. Two launches there would share one backup. The old driver gets SIGTERM (its
-    Spark application, executors and TensorFlow workers end with it), SIGKILL after
-    `grace_s`; the new launch then resumes from the last finished epoch's backup.
+    with it, but not the job it started on the node (`docker exec`, `ssh`): that keeps
+    training into the run's directory. Two launches there would share one backup. The old
+    driver gets SIGTERM (its Spark application, executors and TensorFlow workers end with
+    it), SIGKILL after `grace_s`; the new launch then resumes from the last finished epoch's
+    backup.
     """
-    from infra.engine import docker_client
-
     pattern = f"trainstack-train .*--output {run_dir}( |$)"
-    client = docker_client()
-    for name in candidates:
+    for node in candidates:
         try:
-            container = client.containers.get(name)
-            if container.status != "running":
+            if node.unavailable():
                 continue
-            code, out = container.exec_run(["pgrep", "-f", pattern])
-        except Exception:  # an unreachable node runs nothing we can stop
+            code, out = node.run(["pgrep", "-f", pattern])
+        except TransportError:  # an unreachable node runs nothing we can stop
             continue
-        pids = out.decode().split() if code == 0 else []
+        pids = [p for p in out.decode(errors="replace").split() if p.isdigit()] if code == 0 else []
         if not pids:
             continue
         print(
-            f"an earlier launch of this run still runs on {name} (pid {' '.join(pids)}; left "
-            "by an interrupted `pulumi up`): stopping it, this launch resumes from its backup",
+            f"an earlier launch of this run still runs on {node.name} (pid {' '.join(pids)}; "
+            "left by an interrupted `pulumi up`): stopping it, this launch resumes from its "
+            "backup",
             file=sys.stderr,
             flush=True,
         )
@@ -205,7 +189,10 @@ def _stop_earlier_launches(candidates: list[str], run_dir: str, grace_s: int = 6
             f"i=0; while [ $i -lt {grace_s} ]; do kill -0 {' '.join(pids)} 2>/dev/null || exit 0; "
             f"i=$((i + 1)); sleep 1; done; kill -KILL {' '.join(pids)} 2>/dev/null; exit 0"
         )
-        container.exec_run(["sh", "-c", script])
+        try:
+            node.run(["sh", "-c", script], user="root")
+        except TransportError as exc:
+            print(f"could not stop it: {exc}", file=sys.stderr, flush=True)
 
 
 class _TrainingJobProvider(ResourceProvider):
@@ -213,8 +200,9 @@ class _TrainingJobProvider(ResourceProvider):
 
     def _run(self, props: dict[str, Any]) -> dict[str, Any]:
         run_dir = f"{MODELS_DIR}/{props['run_id']}"
-        _stop_earlier_launches(_candidates(props), run_dir)
-        container = _submitter(_candidates(props))
+        candidates = _candidates(props)
+        _stop_earlier_launches(candidates, run_dir)
+        node = _submitter(candidates)
         settings = props["settings"]
         command = [
             f"{NODE_VENV}/bin/trainstack-train",
@@ -238,9 +226,11 @@ class _TrainingJobProvider(ResourceProvider):
         if settings.get("strategy"):  # absent in the state of runs launched before the key
             command += ["--train-strategy", settings["strategy"]]
             command += ["--cores-per-worker", str(int(settings.get("cores_per_worker") or 1))]
-        print(f"launching on {container.name}: {shlex.join(command)}", file=sys.stderr)
+        print(f"launching on {node.name}: {shlex.join(command)}", file=sys.stderr)
         started = time.time()
-        code, stdout = _stream_exec(container, command, env=NODE_ENV)
+        # As the daemons' user, who owns the shared storage and Spark's client config (with
+        # the cluster's auth secret, mode 0600).
+        code, stdout = node.stream(command, env=NODE_ENV, user=JOB_USER)
         finished = time.time()
         lines = [line for line in stdout.strip().splitlines() if line.startswith("{")]
         summary = json.loads(lines[-1]) if lines else {}
@@ -248,12 +238,12 @@ class _TrainingJobProvider(ResourceProvider):
             log = Path(props["host_artifacts_dir"]) / props["run_id"] / "job.log"
             write_details(log, stdout)
             raise TrainingError(
-                f"training job on {container.name} failed (exit {code}): "
+                f"training job on {node.name} failed (exit {code}): "
                 f"{summary.get('error') or stdout.strip()[-500:]}; job output: {log}"
             )
         host_dir = Path(props["host_artifacts_dir"]) / props["run_id"]
-        copied = _copy_results(container, run_dir, host_dir)
-        monitoring = _utilisation(props, container, run_dir, host_dir, started, finished)
+        copied = _copy_results(node, run_dir, host_dir)
+        monitoring = _utilisation(props, node, run_dir, host_dir, started, finished)
         copied += [monitoring["utilisation_plot"]] if monitoring.get("utilisation_plot") else []
         return {
             **props,
@@ -264,8 +254,8 @@ class _TrainingJobProvider(ResourceProvider):
                 "cluster_run_dir": run_dir,
                 "host_dir": str(host_dir),
                 "host_files": copied,
-                "submitted_on": container.name,
-                "copy_command": f"docker cp {container.name}:{run_dir} .",
+                "submitted_on": node.name,
+                "copy_command": node.copy_command(run_dir),
             },
         }
 
@@ -293,8 +283,9 @@ class _TrainingJob(Resource, module="training", name="TrainingJob"):
 @dataclass
 class TrainingArgs:
     master_url: str
-    # The worker nodes in order: the job is submitted from the first healthy one.
-    submit_candidates: list[str]
+    # The worker nodes in order, as node records (infra.transport; a bare string is a
+    # container name): the job is submitted from the first healthy one.
+    submit_candidates: list[dict[str, Any]] | list[str]
     # workers, epochs, batch_size, data, rows, strategy, cores_per_worker, spark_conf
     settings: dict[str, Any]
     trigger: str  # digest of everything that should launch a new run
