@@ -132,7 +132,9 @@ def main() -> None:
     wheelhouse = wheelhouse_path(config)
     cluster: Cluster | SshCluster
     if config.target == "ssh":
-        cluster = SshCluster("servers", SshClusterArgs(config=config, stack=stack, artifacts=artifacts))
+        cluster = SshCluster(
+            "servers", SshClusterArgs(config=config, stack=stack, artifacts=artifacts)
+        )
         submit_candidates: list = cluster.submit_candidates
     else:
         cluster = docker_cluster(config, stack, artifacts, wheelhouse)

@@ -7,8 +7,8 @@ without Pulumi, and the components only turn this plan into resources.
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from pathlib import Path
 from dataclasses import dataclass, field
+from pathlib import Path
 
 from infra.config import ROLES, Server, StackConfig
 

@@ -28,7 +28,7 @@ import threading
 import time
 from abc import ABC, abstractmethod
 from collections.abc import Mapping, Sequence
-from pathlib import PurePosixPath
+from pathlib import Path, PurePosixPath
 from typing import IO, Any
 
 from infra.errors import UserFacingError
@@ -36,7 +36,9 @@ from infra.errors import UserFacingError
 
 class TransportError(UserFacingError):
     """A node could not be reached, or a file on it could not be read or written; the message
-    names the node."""
+    names the node. `reason`: what the client said, in one line."""
+
+    reason: str = ""
 
 
 def _one_line(text: str, limit: int = 160) -> str:
@@ -299,12 +301,18 @@ class SshTransport(Transport):
         known_hosts_file: str | None = None,
         *,
         ssh: str = "ssh",
+        first_contact: bool = False,
     ) -> None:
+        """`first_contact`: a server not in known_hosts yet is accepted and its key recorded
+        there (`accept-new`, the ssh target's facts on `up`); a changed key is refused."""
         self.name = name
+        self.first_contact = first_contact
         self.host = host
         self.port = int(port)
         self.user = user
-        self.private_key_file = private_key_file or None
+        self.private_key_file = (
+            str(Path(private_key_file).expanduser()) if private_key_file else None
+        )
         self.known_hosts_file = known_hosts_file or None
         self._ssh = ssh
 
@@ -318,9 +326,12 @@ class SshTransport(Transport):
         options = ["-p", str(self.port)]
         if self.private_key_file:
             options += ["-i", self.private_key_file, "-o", "IdentitiesOnly=yes"]
-        options += ["-o", "BatchMode=yes", "-o", "StrictHostKeyChecking=yes"]
+        checking = "accept-new" if self.first_contact else "yes"
+        options += ["-o", "BatchMode=yes", "-o", f"StrictHostKeyChecking={checking}"]
         if self.known_hosts_file:
+            # Recorded keys stay readable (and comparable) in known_hosts and the state.
             options += ["-o", f"UserKnownHostsFile={self.known_hosts_file}"]
+            options += ["-o", "HashKnownHosts=no"]
         options += [
             "-o",
             f"ConnectTimeout={SSH_CONNECT_TIMEOUT_S}",
@@ -369,10 +380,13 @@ class SshTransport(Transport):
     def _connection_failed(self, proc: subprocess.CompletedProcess[bytes], what: str) -> None:
         if proc.returncode == SSH_EXIT_CONNECTION:
             said = (proc.stderr if proc.stderr is not None else proc.stdout) or b""
-            raise TransportError(
+            reason = _one_line(said.decode(errors="replace")) or "exit 255"
+            error = TransportError(
                 f"{self.name}: {what}: ssh {self.user}@{self.host} port {self.port} failed "
-                f"({_one_line(said.decode(errors='replace')) or 'exit 255'})"
+                f"({reason})"
             )
+            error.reason = reason
+            raise error
 
     def unavailable(self) -> str | None:
         try:

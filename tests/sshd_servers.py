@@ -23,6 +23,17 @@ BASE_IMAGE = "debian:bookworm"
 LOGIN_USER = "deploy"
 SHARED_MOUNT = "/srv/trainstack"
 LABEL = "org.trainstack.test-sshd"
+_HOME = f"/home/{LOGIN_USER}"
+START = " && ".join(
+    [
+        "ssh-keygen -A >/dev/null",
+        f"install -d -m 0700 -o {LOGIN_USER} -g {LOGIN_USER} {_HOME}/.ssh",
+        f"printf '%s\\\\n' \\\"$AUTHORIZED_KEY\\\" > {_HOME}/.ssh/authorized_keys",
+        f"chown {LOGIN_USER}: {_HOME}/.ssh/authorized_keys",
+        f"chmod 0600 {_HOME}/.ssh/authorized_keys",
+        "exec /usr/sbin/sshd -D -e",
+    ]
+)
 DOCKERFILE = f"""\
 FROM {BASE_IMAGE}
 RUN apt-get update \\
@@ -36,7 +47,7 @@ RUN apt-get update \\
  && printf 'PasswordAuthentication no\\nPermitRootLogin no\\n' \\
       > /etc/ssh/sshd_config.d/trainstack-test.conf
 # Host keys are made per container; the authorized key comes from the test.
-CMD ["sh", "-c", "ssh-keygen -A >/dev/null && install -d -m 0700 -o {LOGIN_USER} -g {LOGIN_USER} /home/{LOGIN_USER}/.ssh && printf '%s\\n' \\"$AUTHORIZED_KEY\\" > /home/{LOGIN_USER}/.ssh/authorized_keys && chown {LOGIN_USER}: /home/{LOGIN_USER}/.ssh/authorized_keys && chmod 0600 /home/{LOGIN_USER}/.ssh/authorized_keys && exec /usr/sbin/sshd -D -e"]
+CMD ["sh", "-c", "{START}"]
 """
 IMAGE_TAG = "trainstack-test-sshd:" + hashlib.sha256(DOCKERFILE.encode()).hexdigest()[:12]
 

@@ -37,7 +37,6 @@ ARTIFACTS_ENV = "TRAINSTACK_TEARDOWN_ARTIFACTS"
 # The roles are written for Debian 12 (roles/common/vars/Debian.yml, Debian's packages).
 SUPPORTED_OS = (("debian", "12"),)
 MIN_FREE_DISK = parse_size("4g")  # Java, Spark, TensorFlow and the wheels: about 3 GB
-CONNECT_TIMEOUT_S = 10
 FACTS_SCRIPT = r"""
 . /etc/os-release 2>/dev/null
 echo "os_id=${ID:-unknown}"
@@ -80,37 +79,6 @@ class Facts:
 def known_hosts_entry(server: Server) -> str:
     """How OpenSSH names the server in known_hosts."""
     return server.address if server.port == 22 else f"[{server.address}]:{server.port}"
-
-
-def ssh_command(
-    server: Server, known_hosts: Path | str, *, first_contact: bool = False
-) -> list[str]:
-    """The ssh command line (without the remote command) for `server`, host keys checked.
-
-    `first_contact`: a server not in known_hosts yet is accepted and recorded there
-    (`accept-new`); a server whose key changed is refused either way.
-    """
-    command = [
-        "ssh",
-        "-p",
-        str(server.port),
-        "-o",
-        "BatchMode=yes",
-        "-o",
-        f"StrictHostKeyChecking={'accept-new' if first_contact else 'yes'}",
-        "-o",
-        f"UserKnownHostsFile={known_hosts}",
-        "-o",
-        f"ConnectTimeout={CONNECT_TIMEOUT_S}",
-        "-o",
-        "LogLevel=ERROR",
-        # The recorded keys stay readable (and comparable) in known_hosts and the state.
-        "-o",
-        "HashKnownHosts=no",
-    ]
-    if server.private_key_file:
-        command += ["-i", str(Path(server.private_key_file).expanduser()), "-o", "IdentitiesOnly=yes"]
-    return [*command, f"{server.user}@{server.address}"]
 
 
 def describe(server: Server) -> str:
@@ -168,23 +136,30 @@ def _last_line(text: str) -> str:
 
 def probe(server: Server, known_hosts: Path, min_memory: int) -> dict[str, Any]:
     """Connect, read the facts, check the fit, return the facts with the recorded host key."""
+    from infra.transport import SshTransport, TransportError
+
     known_hosts.parent.mkdir(parents=True, exist_ok=True)
     known_hosts.touch(mode=0o600, exist_ok=True)
+    transport = SshTransport(
+        server.name,
+        server.address,
+        server.port,
+        server.user,
+        server.private_key_file,
+        str(known_hosts),
+        first_contact=True,
+    )
     try:
-        proc = subprocess.run(
-            [*ssh_command(server, known_hosts, first_contact=True), "sh", "-s"],
-            input=FACTS_SCRIPT,
-            capture_output=True,
-            text=True,
-            timeout=CONNECT_TIMEOUT_S * 3,
-        )
-    except subprocess.TimeoutExpired:
-        raise SshTargetError(f"{describe(server)}: no answer within {CONNECT_TIMEOUT_S * 3} s")
-    if proc.returncode != 0:
+        code, out = transport.run(["sh", "-c", FACTS_SCRIPT])
+    except TransportError as exc:
         raise SshTargetError(
-            f"{describe(server)}: cannot connect over SSH: {_last_line(proc.stderr)}"
+            f"{describe(server)}: cannot connect over SSH: {exc.reason or exc}"
+        ) from None
+    if code != 0:
+        raise SshTargetError(
+            f"{describe(server)}: the facts script failed: {_last_line(out.decode())}"
         )
-    facts = parse_facts(proc.stdout)
+    facts = parse_facts(out.decode(errors="replace"))
     errors = fit_errors(server, facts, min_memory)
     if errors:
         raise SshTargetError(f"{describe(server)} does not fit: " + "; ".join(errors))
@@ -254,8 +229,7 @@ def teardown(server: Server, known_hosts: Path, artifacts: Path) -> str:
     )
     if not result.ok:
         raise SshTargetError(
-            f"{describe(server)}: the teardown playbook failed ({result.status}); "
-            f"see {artifacts}"
+            f"{describe(server)}: the teardown playbook failed ({result.status}); see {artifacts}"
         )
     return f"{describe(server)}: trainstack removed"
 

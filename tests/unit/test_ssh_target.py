@@ -65,17 +65,17 @@ def test_a_server_that_does_not_fit_is_named_with_the_reason(line, fragment):
     assert any(fragment in e for e in errors), errors
 
 
-def test_ssh_checks_host_keys_and_records_only_on_first_contact(tmp_path):
-    known = tmp_path / "known_hosts"
-    later = ssh.ssh_command(server(port=2222), known)
-    first = ssh.ssh_command(server(port=2222), known, first_contact=True)
-    assert "StrictHostKeyChecking=yes" in later and "StrictHostKeyChecking=accept-new" in first
-    for command in (later, first):
-        assert f"UserKnownHostsFile={known}" in command
-        assert "StrictHostKeyChecking=no" not in command
-        assert command[-1] == "deploy@192.0.2.20"
-        assert command[command.index("-p") + 1] == "2222"
-        assert command[command.index("-i") + 1] == "/keys/id_ed25519"
+def test_the_facts_connection_records_a_new_key_but_refuses_a_changed_one(tmp_path):
+    from infra.transport import SshTransport
+
+    known = str(tmp_path / "known_hosts")
+    first = SshTransport("wrk-1", "192.0.2.20", 2222, "deploy", "/k", known, first_contact=True)
+    later = SshTransport("wrk-1", "192.0.2.20", 2222, "deploy", "/k", known)
+    assert "StrictHostKeyChecking=accept-new" in first.ssh_options()
+    assert "StrictHostKeyChecking=yes" in later.ssh_options()
+    for transport in (first, later):
+        assert "StrictHostKeyChecking=no" not in transport.ssh_options()
+        assert f"UserKnownHostsFile={known}" in transport.ssh_options()
     assert ssh.known_hosts_entry(server(port=2222)) == "[192.0.2.20]:2222"
     assert ssh.known_hosts_entry(server()) == "192.0.2.20"
 
