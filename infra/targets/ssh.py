@@ -198,20 +198,23 @@ def _server_from_env() -> Server:
     return servers[0]
 
 
-def _still_listed(server: Server) -> bool:
-    """Whether the running `up` still lists a server at the same address and port (a
-    renamed server, or one replaced in place: its teardown would undo the new install)."""
+def _renamed(server: Server) -> str:
+    """The name under which the running `up` lists a server at the same address and port
+    ("" when none other does): a renamed server, whose teardown would undo its new install.
+    `pulumi destroy` does not run the program, so the file is the last `up`'s list, where
+    the server has its own name."""
     current = os.environ.get(CURRENT_ENV, "")
-    if not current or not Path(current).exists():
-        return False
     try:
-        listed = json.loads(Path(current).read_text())
+        listed = json.loads(Path(current).read_text()) if current else []
     except (OSError, ValueError):
-        return False
-    return any(
-        entry.get("address") == server.address and int(entry.get("port") or 22) == server.port
-        for entry in listed
-    )
+        return ""
+    for entry in listed:
+        same = entry.get("address") == server.address and int(entry.get("port") or 22) == (
+            server.port
+        )
+        if same and entry.get("name") != server.name:
+            return str(entry.get("name"))
+    return ""
 
 
 def teardown(server: Server, known_hosts: Path, artifacts: Path) -> str:
@@ -219,8 +222,9 @@ def teardown(server: Server, known_hosts: Path, artifacts: Path) -> str:
     from infra import topology
     from infra.provisioning.runner import run_playbook
 
-    if _still_listed(server):
-        return f"{describe(server)}: still listed under another name; nothing removed"
+    renamed = _renamed(server)
+    if renamed:
+        return f"{describe(server)}: still listed, as {renamed}; nothing removed"
     result = run_playbook(
         topology.teardown_inventory([server], known_hosts),
         "teardown.yml",

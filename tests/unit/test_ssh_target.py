@@ -91,7 +91,10 @@ def test_a_server_still_listed_at_the_same_address_is_not_torn_down(tmp_path, mo
     current = tmp_path / "servers.json"
     current.write_text(json.dumps([{"name": "renamed", "address": "192.0.2.20", "port": 22}]))
     monkeypatch.setenv(ssh.CURRENT_ENV, str(current))
-    assert "still listed" in ssh.teardown(server(), tmp_path / "kh", tmp_path / "artifacts")
+    assert "still listed, as renamed" in ssh.teardown(server(), tmp_path / "kh", tmp_path / "a")
+    # Listed under its own name (the last `up`'s list, as `pulumi destroy` sees it): removed.
+    current.write_text(json.dumps([{"name": "wrk-1", "address": "192.0.2.20", "port": 22}]))
+    assert ssh._renamed(server()) == ""
 
 
 def test_the_cli_reports_an_unreachable_server_in_one_line(tmp_path, monkeypatch, capsys):
