@@ -6,7 +6,7 @@ PYTEST_ARGS ?=
 ENV := eval "$$(scripts/env.sh)"
 SETUP := scripts/setup.sh
 
-.PHONY: help setup env up preview outputs destroy test unit drills lint format bench lock clean-tools images clean-images
+.PHONY: help setup env up preview outputs destroy test unit drills test-ssh lint format bench lock clean-tools images clean-images
 
 help: ## List the targets.
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-12s %s\n", $$1, $$2}'
@@ -35,7 +35,7 @@ images: setup ## Bake the node image trainstack-node:<digest> (no stack needed; 
 clean-images: setup ## Remove node images of other digests than the current one.
 	@$(ENV); python -m infra.images clean
 
-test: setup lint ## The whole test suite: lint, unit, engine, images, provisioning, training, e2e, monitoring, security, drills, newcomer.
+test: setup lint ## The whole test suite: lint, unit, engine, images, provisioning, training, e2e, monitoring, security, drills, ssh, newcomer.
 	@$(ENV); pytest $(PYTEST_ARGS)
 
 unit: setup ## Fast tests only (no engine).
@@ -43,6 +43,9 @@ unit: setup ## Fast tests only (no engine).
 
 drills: setup ## The failure drills on one real stack (recovery times into bench/results/drills.json).
 	@$(ENV); pytest -m drills tests/drills $(PYTEST_ARGS)
+
+test-ssh: setup ## The ssh target end to end on sshd containers (Debian 12 + openssh-server).
+	@$(ENV); pytest -m ssh tests/ssh $(PYTEST_ARGS)
 
 lint: setup ## ruff, ruff format --check, mypy, yamllint, ansible-lint, promtool check (config, rules).
 	@$(ENV); set -e; \

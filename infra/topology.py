@@ -256,6 +256,9 @@ def _ssh_host(server: Server) -> dict:
         # Spark's daemons and UIs on the cluster address only, not on a public one
         # (docs/security.md); drivers advertise it to the executors.
         "spark_local_ip": server.reach,
+        # A login user other than root works through sudo: the playbooks and testinfra's
+        # ansible backend (tests/hosts) both follow this.
+        "ansible_become": server.user != "root",
     }
     if server.private_key_file:
         host["ansible_ssh_private_key_file"] = server.private_key_file

@@ -324,32 +324,39 @@ build_docker_provider() {
   )
 }
 
-step_pulumi_docker_provider() {
-  local v=$PULUMI_DOCKER_PROVIDER_VERSION cache="$CACHE/pulumi-resource-docker-v$PULUMI_DOCKER_PROVIDER_VERSION"
-  local work=$STATE/plugin-build/docker-provider from
-  if docker_provider_listed; then
-    echo "plugin resource docker $v present ($PULUMI_HOME/plugins)"
+# install_resource_plugin KIND VERSION BUILD: the official provider plugin
+# pulumi-resource-KIND, from Pulumi's release sites, else the per-user cache, else BUILD (a
+# function that builds it from source in $STATE/plugin-build/KIND-provider/provider).
+install_resource_plugin() {
+  local kind=$1 v=$2 build=$3
+  local cache="$CACHE/pulumi-resource-$kind-v$v" work=$STATE/plugin-build/$kind-provider from
+  if resource_plugin_listed "$kind" "$v"; then
+    echo "plugin resource $kind $v present ($PULUMI_HOME/plugins)"
     return
   fi
   # The official way: a download from Pulumi's release sites.
-  if log_cmd timeout 60 pulumi plugin install resource docker "$v"; then
-    docker_provider_listed || { echo "pulumi plugin install succeeded but plugin ls does not list docker $v"; return 1; }
-    echo "plugin resource docker $v downloaded (pulumi plugin install)"
+  if log_cmd timeout 60 pulumi plugin install resource "$kind" "$v"; then
+    resource_plugin_listed "$kind" "$v" || { echo "pulumi plugin install succeeded but plugin ls does not list $kind $v"; return 1; }
+    echo "plugin resource $kind $v downloaded (pulumi plugin install)"
     return
   fi
   echo "download failed; using the user cache or building from source"
-  if [ -x "$cache/pulumi-resource-docker" ]; then
+  if [ -x "$cache/pulumi-resource-$kind" ]; then
     from="the user cache $cache"
   else
-    build_docker_provider
-    cache_files "$work/provider" "$cache" pulumi-resource-docker
+    "$build"
+    cache_files "$work/provider" "$cache" "pulumi-resource-$kind"
     from="a build from source"
   fi
   # Installed into the plugin cache, not on PATH.
-  log_cmd pulumi plugin install resource docker "$v" --file "$cache/pulumi-resource-docker"
+  log_cmd pulumi plugin install resource "$kind" "$v" --file "$cache/pulumi-resource-$kind"
   rm -rf "$work"
-  docker_provider_listed || { echo "pulumi plugin ls does not list docker $v after the install"; return 1; }
-  echo "plugin resource docker $v installed from $from"
+  resource_plugin_listed "$kind" "$v" || { echo "pulumi plugin ls does not list $kind $v after the install"; return 1; }
+  echo "plugin resource $kind $v installed from $from"
+}
+
+step_pulumi_docker_provider() {
+  install_resource_plugin docker "$PULUMI_DOCKER_PROVIDER_VERSION" build_docker_provider
 }
 
 command_provider_listed() { resource_plugin_listed command "$PULUMI_COMMAND_PROVIDER_VERSION"; }
@@ -372,31 +379,7 @@ build_command_provider() {
 }
 
 step_pulumi_command_provider() {
-  local v=$PULUMI_COMMAND_PROVIDER_VERSION cache="$CACHE/pulumi-resource-command-v$PULUMI_COMMAND_PROVIDER_VERSION"
-  local work=$STATE/plugin-build/command-provider from
-  if command_provider_listed; then
-    echo "plugin resource command $v present ($PULUMI_HOME/plugins)"
-    return
-  fi
-  # The official way: a download from Pulumi's release sites.
-  if log_cmd timeout 60 pulumi plugin install resource command "$v"; then
-    command_provider_listed || { echo "pulumi plugin install succeeded but plugin ls does not list command $v"; return 1; }
-    echo "plugin resource command $v downloaded (pulumi plugin install)"
-    return
-  fi
-  echo "download failed; using the user cache or building from source"
-  if [ -x "$cache/pulumi-resource-command" ]; then
-    from="the user cache $cache"
-  else
-    build_command_provider
-    cache_files "$work/provider" "$cache" pulumi-resource-command
-    from="a build from source"
-  fi
-  # Installed into the plugin cache, not on PATH.
-  log_cmd pulumi plugin install resource command "$v" --file "$cache/pulumi-resource-command"
-  rm -rf "$work"
-  command_provider_listed || { echo "pulumi plugin ls does not list command $v after the install"; return 1; }
-  echo "plugin resource command $v installed from $from"
+  install_resource_plugin command "$PULUMI_COMMAND_PROVIDER_VERSION" build_command_provider
 }
 
 venv_stamp() {

@@ -216,14 +216,22 @@ def _kill_leftovers(marker: str) -> None:
     normally leaves nothing, so this finds nothing then. Linux' /proc only; elsewhere a no-op.
     """
     me = os.getpid()
-    for entry in Path("/proc").glob("[0-9]*"):
-        try:
-            cmdline = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
-            pid = int(entry.name)
-            if pid != me and marker in cmdline:
-                os.kill(pid, signal.SIGKILL)
-        except (OSError, ValueError):
-            continue  # gone already, or not ours to read
+    # Again until a pass finds nothing: a process may fork between the listing and its kill,
+    # and a killed one keeps its command line until it is gone.
+    for _ in range(50):
+        found = False
+        for entry in Path("/proc").glob("[0-9]*"):
+            try:
+                cmdline = (entry / "cmdline").read_bytes().replace(b"\0", b" ")
+                pid = int(entry.name)
+                if pid != me and marker in cmdline.decode(errors="replace"):
+                    os.kill(pid, signal.SIGKILL)
+                    found = True
+            except (OSError, ValueError):
+                continue  # gone already, or not ours to read
+        if not found:
+            return
+        time.sleep(0.1)
 
 
 # The longest a playbook may run: a full install of five nodes from the base image takes

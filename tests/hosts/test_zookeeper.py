@@ -9,13 +9,23 @@ def test_zookeeper_supervised_and_running(host):
     assert " RUNNING " in host.check_output("supervisorctl status zookeeper")
 
 
-@pytest.mark.group("zookeeper")
-@pytest.mark.parametrize("port", [2181, 3888])  # 2888 (peer) listens on the leader only
-def test_zookeeper_listening(host, port):
-    assert (
+def _listening(host, port: int) -> bool:
+    return (
         host.socket(f"tcp://0.0.0.0:{port}").is_listening
         or host.socket(f"tcp://:::{port}").is_listening
     )
+
+
+@pytest.mark.group("zookeeper")
+def test_zookeeper_serves_clients(host):
+    assert _listening(host, 2181)
+
+
+@pytest.mark.group("zookeeper")
+def test_zookeeper_election_port_matches_the_ensemble(host, inventory):
+    # 2888 (peer) listens on the leader only; 3888 (election) on every member of an
+    # ensemble, and on none of a single server, which runs standalone.
+    assert _listening(host, 3888) is (len(inventory.get_hosts("zookeeper")) > 1)
 
 
 @pytest.mark.group("zookeeper")
@@ -38,7 +48,10 @@ def test_ensemble_has_one_leader(host, inventory, node_vars):
                 if line.startswith("Mode:")
             )
         )
-    assert sorted(modes) == sorted(["leader"] + ["follower"] * (len(modes) - 1)), modes
+    if len(modes) == 1:
+        assert modes == ["standalone"], modes
+    else:
+        assert sorted(modes) == sorted(["leader"] + ["follower"] * (len(modes) - 1)), modes
 
 
 @pytest.mark.group("zookeeper")

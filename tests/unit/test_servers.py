@@ -188,6 +188,8 @@ def test_the_one_inventory_builder_makes_an_ssh_inventory_of_a_server_list(key_f
         "ansible_ssh_private_key_file": key_file,
         "trainstack_node_address": "192.0.2.11",
         "trainstack_ip_address": "192.0.2.11",
+        "spark_local_ip": "192.0.2.11",
+        "ansible_become": True,
         "trainstack_zookeeper_id": 2,
     }
     zk_c = children["control"]["hosts"]["zk-c"]
