@@ -163,7 +163,16 @@ def probe(server: Server, known_hosts: Path, min_memory: int) -> dict[str, Any]:
     errors = fit_errors(server, facts, min_memory)
     if errors:
         raise SshTargetError(f"{describe(server)} does not fit: " + "; ".join(errors))
-    return {**facts.as_dict(), "host_keys": host_keys(server, known_hosts)}
+    keys = host_keys(server, known_hosts)
+    # The server's own copy: its teardown needs the key after `up` has dropped the server
+    # from the stack's file (which holds the listed servers only).
+    write_known_hosts(own_known_hosts(server, known_hosts), keys)
+    return {**facts.as_dict(), "host_keys": keys}
+
+
+def own_known_hosts(server: Server, known_hosts: Path) -> Path:
+    """The known_hosts file with only `server`'s recorded keys, beside the stack's."""
+    return known_hosts.parent / "hosts" / f"{server.name}-{server.address}-{server.port}"
 
 
 def host_keys(server: Server, known_hosts: Path) -> list[str]:
@@ -221,10 +230,26 @@ def teardown(server: Server, known_hosts: Path, artifacts: Path) -> str:
     """Run playbooks/teardown.yml on `server`; returns a one-line summary."""
     from infra import topology
     from infra.provisioning.runner import run_playbook
+    from infra.transport import SshTransport
 
     renamed = _renamed(server)
     if renamed:
         return f"{describe(server)}: still listed, as {renamed}; nothing removed"
+    own = own_known_hosts(server, known_hosts)
+    if own.exists():
+        known_hosts = own
+    # A server that is gone (or reinstalled: its host key changed) must not block its
+    # removal from the stack: nothing can be removed from it, and the user is told so.
+    why = SshTransport(
+        server.name,
+        server.address,
+        server.port,
+        server.user,
+        server.private_key_file,
+        str(known_hosts),
+    ).unavailable()
+    if why:
+        return f"{describe(server)}: cannot be reached ({why}); trainstack's files stay on it"
     result = run_playbook(
         topology.teardown_inventory([server], known_hosts),
         "teardown.yml",
@@ -235,6 +260,7 @@ def teardown(server: Server, known_hosts: Path, artifacts: Path) -> str:
         raise SshTargetError(
             f"{describe(server)}: the teardown playbook failed ({result.status}); see {artifacts}"
         )
+    own.unlink(missing_ok=True)
     return f"{describe(server)}: trainstack removed"
 
 
@@ -319,7 +345,9 @@ class SshCluster(pulumi.ComponentResource):
                 # Another machine is another server: the old one is torn down, the new one
                 # probed. A change of user, key or roles probes the same server again.
                 triggers=[server.address, server.port],
-                opts=pulumi.ResourceOptions(parent=self),
+                # Teardown before the probe: a replaced server (`pulumi up --replace`) is
+                # then installed again by provisioning, not wiped after it.
+                opts=pulumi.ResourceOptions(parent=self, delete_before_replace=True),
             )
             facts[server.name] = command.stdout.apply(json.loads)
         every_fact = pulumi.Output.all(**facts)

@@ -152,6 +152,7 @@ def test_removing_a_worker_from_the_list_tears_it_down(cluster):
     kept = {name: roles for name, roles in ROLES.items() if name != "wrk-2"}
     stack.run("config", "set", "trainstack:servers", json.dumps(servers.server_records(kept)))
     removed = stack.up()
+    assert "server wrk-2 (deploy@" in removed.stdout and "trainstack removed" in removed.stdout
     assert "launching on" not in removed.stdout
     assert stack.outputs()["training"]["run_id"] == run_before
     for path in INSTALLED:
@@ -170,7 +171,8 @@ def test_removing_a_worker_from_the_list_tears_it_down(cluster):
 
 def test_destroy_removes_trainstack_from_every_server(cluster):
     stack, servers, _ = cluster
-    stack.run("destroy", "--yes")
+    destroyed = stack.run("destroy", "--yes")
+    assert destroyed.stdout.count("trainstack removed") == len(ROLES) - 1  # wrk-2 went before
     for name in ROLES:
         for path in INSTALLED:
             code, _ = on(servers, name, f"test -e {path}")

@@ -142,3 +142,15 @@ def test_the_teardown_inventory_names_only_the_removed_servers():
     host = inventory["all"]["hosts"]["wrk-1"]
     assert (host["ansible_host"], host["ansible_user"]) == ("192.0.2.20", "deploy")
     assert "StrictHostKeyChecking=yes" in inventory["all"]["vars"]["ansible_ssh_common_args"]
+
+
+def test_an_unreachable_server_does_not_block_its_removal(tmp_path, monkeypatch, capsys):
+    record = server(address="127.0.0.1", port=1).as_dict()
+    record["privateKeyFile"] = ""
+    monkeypatch.setenv(ssh.SERVER_ENV, json.dumps(record))
+    monkeypatch.setenv(ssh.KNOWN_HOSTS_ENV, str(tmp_path / "known_hosts"))
+    monkeypatch.delenv(ssh.CURRENT_ENV, raising=False)
+    assert ssh.main(["teardown"]) == 0
+    err = capsys.readouterr().err
+    assert "server wrk-1 (deploy@127.0.0.1:1): cannot be reached (" in err
+    assert "trainstack's files stay on it" in err
