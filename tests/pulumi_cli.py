@@ -107,3 +107,28 @@ def engine_objects(label: str) -> dict[str, list[str]]:
         "networks": sorted(n.name for n in client.networks.list(filters=selector)),
         "volumes": sorted(v.name for v in client.volumes.list(filters=selector)),
     }
+
+
+def run_host_checks(stack: Stack, inventory: dict, workdir: Path) -> subprocess.CompletedProcess:
+    """The tests/hosts suite (testinfra) against `inventory`, as an operator runs it."""
+    import sys
+
+    path = workdir / "inventory.json"
+    path.write_text(json.dumps(inventory))
+    return subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pytest",
+            "-p",
+            "no:cacheprovider",
+            "tests/hosts",
+            "--hosts=ansible://all",
+            f"--ansible-inventory={path}",
+        ],
+        cwd=ROOT,
+        env=stack.env,
+        capture_output=True,
+        text=True,
+        check=False,
+    )

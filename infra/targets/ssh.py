@@ -21,11 +21,14 @@ import subprocess
 import sys
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pulumi
 
 from infra.config import Server, StackConfig, parse_size
+
+if TYPE_CHECKING:
+    from infra.transport import SshTransport
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -79,6 +82,23 @@ class Facts:
 def known_hosts_entry(server: Server) -> str:
     """How OpenSSH names the server in known_hosts."""
     return server.address if server.port == 22 else f"[{server.address}]:{server.port}"
+
+
+def server_transport(
+    server: Server, known_hosts: Path, *, first_contact: bool = False
+) -> SshTransport:
+    """How trainstack reaches `server`: its login, checked against `known_hosts`."""
+    from infra.transport import SshTransport
+
+    return SshTransport(
+        server.name,
+        server.address,
+        server.port,
+        server.user,
+        server.private_key_file,
+        str(known_hosts),
+        first_contact=first_contact,
+    )
 
 
 def describe(server: Server) -> str:
@@ -136,19 +156,11 @@ def _last_line(text: str) -> str:
 
 def probe(server: Server, known_hosts: Path, min_memory: int) -> dict[str, Any]:
     """Connect, read the facts, check the fit, return the facts with the recorded host key."""
-    from infra.transport import SshTransport, TransportError
+    from infra.transport import TransportError
 
     known_hosts.parent.mkdir(parents=True, exist_ok=True)
     known_hosts.touch(mode=0o600, exist_ok=True)
-    transport = SshTransport(
-        server.name,
-        server.address,
-        server.port,
-        server.user,
-        server.private_key_file,
-        str(known_hosts),
-        first_contact=True,
-    )
+    transport = server_transport(server, known_hosts, first_contact=True)
     try:
         code, out = transport.run(["sh", "-c", FACTS_SCRIPT])
     except TransportError as exc:
@@ -230,7 +242,6 @@ def teardown(server: Server, known_hosts: Path, artifacts: Path) -> str:
     """Run playbooks/teardown.yml on `server`; returns a one-line summary."""
     from infra import topology
     from infra.provisioning.runner import run_playbook
-    from infra.transport import SshTransport
 
     renamed = _renamed(server)
     if renamed:
@@ -240,14 +251,7 @@ def teardown(server: Server, known_hosts: Path, artifacts: Path) -> str:
         known_hosts = own
     # A server that is gone (or reinstalled: its host key changed) must not block its
     # removal from the stack: nothing can be removed from it, and the user is told so.
-    why = SshTransport(
-        server.name,
-        server.address,
-        server.port,
-        server.user,
-        server.private_key_file,
-        str(known_hosts),
-    ).unavailable()
+    why = server_transport(server, known_hosts).unavailable()
     if why:
         return f"{describe(server)}: cannot be reached ({why}); trainstack's files stay on it"
     result = run_playbook(

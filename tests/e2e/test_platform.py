@@ -6,14 +6,11 @@ the whole life cycle; the tests run in order on it.
 
 from __future__ import annotations
 
-import json
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
-from tests.pulumi_cli import ROOT, Stack, engine_objects
+from tests.pulumi_cli import Stack, engine_objects, run_host_checks
 
 pytestmark = pytest.mark.e2e
 
@@ -60,25 +57,7 @@ def test_outputs_list_masters_uis_and_nodes(platform):
 
 def test_hosts_pass_testinfra_against_the_stack_inventory(platform, tmp_path):
     stack, _ = platform
-    inventory = tmp_path / "inventory.json"
-    inventory.write_text(json.dumps(stack.outputs()["inventory"]))
-    proc = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "pytest",
-            "-p",
-            "no:cacheprovider",
-            "tests/hosts",
-            "--hosts=ansible://all",
-            f"--ansible-inventory={inventory}",
-        ],
-        cwd=ROOT,
-        env=stack.env,
-        capture_output=True,
-        text=True,
-        check=False,
-    )
+    proc = run_host_checks(stack, stack.outputs()["inventory"], tmp_path)
     assert proc.returncode == 0, proc.stdout[-6000:] + proc.stderr[-2000:]
     assert " passed" in proc.stdout
 

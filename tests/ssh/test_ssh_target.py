@@ -10,13 +10,11 @@ from __future__ import annotations
 
 import json
 import re
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
-from tests.pulumi_cli import ROOT, Stack
+from tests.pulumi_cli import ROOT, Stack, run_host_checks
 from tests.sshd_servers import SshServers, make_key
 
 pytestmark = pytest.mark.ssh
@@ -101,25 +99,7 @@ def test_the_services_run_as_trainstack_not_as_the_login_user(cluster):
 
 def test_hosts_pass_testinfra_over_ssh_against_the_stack_inventory(cluster, tmp_path):
     stack, _, _ = cluster
-    inventory = tmp_path / "inventory.json"
-    inventory.write_text(json.dumps(stack.outputs()["inventory"]))
-    proc = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "pytest",
-            "-p",
-            "no:cacheprovider",
-            "tests/hosts",
-            "--hosts=ansible://all",
-            f"--ansible-inventory={inventory}",
-        ],
-        cwd=ROOT,
-        env=stack.env,
-        capture_output=True,
-        text=True,
-        check=False,
-    )
+    proc = run_host_checks(stack, stack.outputs()["inventory"], tmp_path)
     assert proc.returncode == 0, proc.stdout[-6000:] + proc.stderr[-2000:]
     assert " passed" in proc.stdout
     # testinfra went through ssh (the inventory's connection), not through the engine.
