@@ -36,7 +36,7 @@ clean-images: setup ## Remove node images of other digests than the current one.
 	@$(ENV); python -m infra.images clean
 
 test: setup lint ## The whole test suite: lint, unit, engine, images, provisioning, training, e2e, monitoring, security, drills, ssh, newcomer.
-	@$(ENV); pytest $(PYTEST_ARGS)
+	@$(ENV); pytest --durations=30 $(PYTEST_ARGS)
 
 unit: setup ## Fast tests only (no engine).
 	@$(ENV); pytest -m unit $(PYTEST_ARGS)

@@ -113,20 +113,28 @@ def _published_by(client: Any, container: str, port: int) -> bool:
 
 
 def _set_cpus(containers: dict[str, int]) -> None:
-    """`docker update --cpus` per container (nano-CPUs); the SDK has no call for NanoCpus."""
+    """`docker update --cpus` (nano-CPUs; the SDK has no call for NanoCpus), one call per
+    limit: the CLI updates every container it names, going on past one that fails, so a
+    restore is quick and never stops half-way."""
     docker_cli = shutil.which("docker") or "docker"
+    by_limit: dict[int, list[str]] = {}
     for name, nano in containers.items():
+        by_limit.setdefault(nano, []).append(name)
+    errors = []
+    for nano, names in by_limit.items():
         proc = subprocess.run(
-            [docker_cli, "update", "--cpus", f"{nano / 1e9:g}", name],
+            [docker_cli, "update", "--cpus", f"{nano / 1e9:g}", *names],
             capture_output=True,
             text=True,
             check=False,
         )
         if proc.returncode != 0:
-            raise EngineError(
-                f"could not set the CPU limit of {name} to {nano / 1e9:g}: "
+            errors.append(
+                f"could not set the CPU limit of {', '.join(names)} to {nano / 1e9:g}: "
                 f"{(proc.stderr or proc.stdout).strip()}"
             )
+    if errors:
+        raise EngineError("; ".join(errors))
 
 
 @contextlib.contextmanager

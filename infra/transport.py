@@ -41,7 +41,7 @@ class TransportError(UserFacingError):
     reason: str = ""
 
 
-def _one_line(text: str, limit: int = 160) -> str:
+def one_line(text: str, limit: int = 160) -> str:
     """The last non-empty line of an error text (where ssh and sudo put the reason), cut."""
     lines = [line.strip() for line in text.strip().splitlines() if line.strip()]
     line = lines[-1] if lines else ""
@@ -142,7 +142,7 @@ class DockerTransport(Transport):
             return client.containers.get(self.name)
         except Exception as exc:
             raise TransportError(
-                f"{self.name}: not on the engine ({_one_line(str(exc), 120)})"
+                f"{self.name}: not on the engine ({one_line(str(exc), 120)})"
             ) from None
 
     def unavailable(self) -> str | None:
@@ -178,7 +178,7 @@ class DockerTransport(Transport):
             raise
         except Exception as exc:
             raise TransportError(
-                f"{self.name}: cannot run a command ({_one_line(str(exc), 120)})"
+                f"{self.name}: cannot run a command ({one_line(str(exc), 120)})"
             ) from None
         return int(code if code is not None else -1), out or b""
 
@@ -244,7 +244,7 @@ class DockerTransport(Transport):
             archive = b"".join(chunks)
         except Exception as exc:
             raise TransportError(
-                f"{self.name}: cannot read {path} ({_one_line(str(exc), 160)})"
+                f"{self.name}: cannot read {path} ({one_line(str(exc), 160)})"
             ) from None
         with tarfile.open(fileobj=io.BytesIO(archive)) as tar:
             member = tar.getmember(PurePosixPath(path).name)
@@ -265,7 +265,7 @@ class DockerTransport(Transport):
             ok = container.put_archive(str(target.parent), archive.getvalue())
         except Exception as exc:
             raise TransportError(
-                f"{self.name}: cannot write {path} ({_one_line(str(exc), 160)})"
+                f"{self.name}: cannot write {path} ({one_line(str(exc), 160)})"
             ) from None
         if not ok:
             raise TransportError(f"{self.name}: cannot write {path}")
@@ -273,7 +273,7 @@ class DockerTransport(Transport):
             code, out = self.run(["chown", user, path])
             if code != 0:
                 raise TransportError(
-                    f"{self.name}: cannot give {path} to {user} ({_one_line(out.decode())})"
+                    f"{self.name}: cannot give {path} to {user} ({one_line(out.decode())})"
                 )
 
     def copy_command(self, path: str) -> str:
@@ -380,7 +380,7 @@ class SshTransport(Transport):
     def _connection_failed(self, proc: subprocess.CompletedProcess[bytes], what: str) -> None:
         if proc.returncode == SSH_EXIT_CONNECTION:
             said = (proc.stderr if proc.stderr is not None else proc.stdout) or b""
-            reason = _one_line(said.decode(errors="replace")) or "exit 255"
+            reason = one_line(said.decode(errors="replace")) or "exit 255"
             error = TransportError(
                 f"{self.name}: {what}: ssh {self.user}@{self.host} port {self.port} failed "
                 f"({reason})"
@@ -393,7 +393,7 @@ class SshTransport(Transport):
             proc = self._call(self.remote_command(["sudo", "-n", "true"]))
         except TransportError as exc:
             return str(exc).split(": ", 1)[-1]
-        said = _one_line((proc.stderr or b"").decode(errors="replace"))
+        said = one_line((proc.stderr or b"").decode(errors="replace"))
         if proc.returncode == SSH_EXIT_CONNECTION:
             return f"ssh {self.user}@{self.host} port {self.port}: {said or 'exit 255'}"
         if proc.returncode != 0:
@@ -451,7 +451,7 @@ class SshTransport(Transport):
         proc = self._call(self.remote_command(["sudo", "-n", "cat", "--", path]))
         self._connection_failed(proc, f"cannot read {path}")
         if proc.returncode != 0:
-            said = _one_line((proc.stderr or b"").decode(errors="replace"))
+            said = one_line((proc.stderr or b"").decode(errors="replace"))
             raise TransportError(
                 f"{self.name}: cannot read {path} ({said or f'exit {proc.returncode}'})"
             )
@@ -467,7 +467,7 @@ class SshTransport(Transport):
         proc = self._call(remote, data)
         self._connection_failed(proc, f"cannot write {path}")
         if proc.returncode != 0:
-            said = _one_line((proc.stderr or b"").decode(errors="replace"))
+            said = one_line((proc.stderr or b"").decode(errors="replace"))
             raise TransportError(
                 f"{self.name}: cannot write {path} ({said or f'exit {proc.returncode}'})"
             )

@@ -2,11 +2,17 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
+import re
+import signal
 import subprocess
+import threading
+import time
 import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import docker
 
@@ -132,3 +138,81 @@ def run_host_checks(stack: Stack, inventory: dict, workdir: Path) -> subprocess.
         text=True,
         check=False,
     )
+
+
+class BackgroundUp:
+    """`pulumi up` in the background, its output collected line by line as it comes."""
+
+    def __init__(self, stack: Stack, *extra: str) -> None:
+        self.started = time.monotonic()
+        self.proc = subprocess.Popen(
+            ["pulumi", "up", "--yes", "--skip-preview", *extra, "--stack", stack.name,
+             "--non-interactive"],
+            cwd=ROOT,
+            env=stack.env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+        )  # fmt: skip
+        self.lines: list[str] = []
+        self._reader = threading.Thread(target=self._read, daemon=True)
+        self._reader.start()
+
+    def _read(self) -> None:
+        assert self.proc.stdout is not None
+        for line in self.proc.stdout:
+            self.lines.append(line)
+
+    @property
+    def output(self) -> str:
+        return "".join(self.lines)
+
+    def wait_for(self, pattern: str, timeout: float) -> re.Match[str]:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            found = re.search(pattern, self.output)
+            if found:
+                return found
+            if self.proc.poll() is not None:
+                self._reader.join(5)
+                found = re.search(pattern, self.output)
+                if found:
+                    return found
+                raise AssertionError(
+                    f"`pulumi up` ended ({self.proc.returncode}) before {pattern!r}:\n"
+                    f"{self.output[-4000:]}"
+                )
+            time.sleep(0.5)
+        raise AssertionError(f"no {pattern!r} within {timeout:.0f} s:\n{self.output[-4000:]}")
+
+    def run_dir(self, models: str, timeout: float = 1500) -> str:
+        """The run directory (under `models`, on the nodes) of the job this `up` launches."""
+        return self.wait_for(rf"launching on \S+: .* --output ({models}/run-\w+)", timeout)[1]
+
+    def stop_at_once(self) -> tuple[int, str]:
+        """Ctrl-C twice, as a user who does not want to wait: Pulumi stops at once."""
+        self.proc.send_signal(signal.SIGINT)
+        time.sleep(0.5)
+        self.proc.send_signal(signal.SIGINT)
+        return self.finish(timeout=300)
+
+    def finish(self, timeout: float = 1800) -> tuple[int, str]:
+        try:
+            self.proc.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
+        self._reader.join(10)
+        return self.proc.returncode, self.output
+
+
+def wait_until(what: str, check: Any, timeout: float, every: float = 0.5) -> Any:
+    deadline = time.monotonic() + timeout
+    last = None
+    while time.monotonic() < deadline:
+        with contextlib.suppress(Exception):
+            last = check()
+            if last:
+                return last
+        time.sleep(every)
+    raise AssertionError(f"{what}: not within {timeout:.0f} s (last: {last!r})")

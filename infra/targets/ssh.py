@@ -149,14 +149,9 @@ def fit_errors(server: Server, facts: Facts, min_memory: int) -> list[str]:
     return errors
 
 
-def _last_line(text: str) -> str:
-    lines = [line.strip() for line in text.strip().splitlines() if line.strip()]
-    return lines[-1] if lines else "no output"
-
-
 def probe(server: Server, known_hosts: Path, min_memory: int) -> dict[str, Any]:
     """Connect, read the facts, check the fit, return the facts with the recorded host key."""
-    from infra.transport import TransportError
+    from infra.transport import TransportError, one_line
 
     known_hosts.parent.mkdir(parents=True, exist_ok=True)
     known_hosts.touch(mode=0o600, exist_ok=True)
@@ -168,9 +163,8 @@ def probe(server: Server, known_hosts: Path, min_memory: int) -> dict[str, Any]:
             f"{describe(server)}: cannot connect over SSH: {exc.reason or exc}"
         ) from None
     if code != 0:
-        raise SshTargetError(
-            f"{describe(server)}: the facts script failed: {_last_line(out.decode())}"
-        )
+        said = one_line(out.decode(errors="replace")) or "no output"
+        raise SshTargetError(f"{describe(server)}: the facts script failed: {said}")
     facts = parse_facts(out.decode(errors="replace"))
     errors = fit_errors(server, facts, min_memory)
     if errors:

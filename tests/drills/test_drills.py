@@ -27,7 +27,6 @@ import signal
 import socket
 import subprocess
 import tarfile
-import threading
 import time
 import urllib.request
 from concurrent.futures import ThreadPoolExecutor
@@ -36,7 +35,7 @@ from typing import Any
 
 import pytest
 
-from tests.pulumi_cli import ROOT, Stack
+from tests.pulumi_cli import ROOT, BackgroundUp, Stack, wait_until
 
 pytestmark = pytest.mark.drills
 
@@ -77,71 +76,6 @@ def record(drill: str, **fields: Any) -> None:
     REPORT.write_text(json.dumps(report, indent=2, sort_keys=True) + "\n")
 
 
-class BackgroundUp:
-    """`pulumi up` in the background, its output collected line by line as it comes."""
-
-    def __init__(self, stack: Stack, *extra: str) -> None:
-        self.started = time.monotonic()
-        self.proc = subprocess.Popen(
-            ["pulumi", "up", "--yes", "--skip-preview", *extra, "--stack", stack.name,
-             "--non-interactive"],
-            cwd=ROOT,
-            env=stack.env,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT,
-            text=True,
-        )  # fmt: skip
-        self.lines: list[str] = []
-        self._reader = threading.Thread(target=self._read, daemon=True)
-        self._reader.start()
-
-    def _read(self) -> None:
-        assert self.proc.stdout is not None
-        for line in self.proc.stdout:
-            self.lines.append(line)
-
-    @property
-    def output(self) -> str:
-        return "".join(self.lines)
-
-    def wait_for(self, pattern: str, timeout: float) -> re.Match[str]:
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            found = re.search(pattern, self.output)
-            if found:
-                return found
-            if self.proc.poll() is not None:
-                self._reader.join(5)
-                found = re.search(pattern, self.output)
-                if found:
-                    return found
-                raise AssertionError(
-                    f"`pulumi up` ended ({self.proc.returncode}) before {pattern!r}:\n"
-                    f"{self.output[-4000:]}"
-                )
-            time.sleep(0.5)
-        raise AssertionError(f"no {pattern!r} within {timeout:.0f} s:\n{self.output[-4000:]}")
-
-    def run_dir(self, timeout: float = 1500) -> str:
-        return self.wait_for(rf"launching on \S+: .* --output ({MODELS}/run-\w+)", timeout)[1]
-
-    def stop_at_once(self) -> tuple[int, str]:
-        """Ctrl-C twice, as a user who does not want to wait: Pulumi stops at once."""
-        self.proc.send_signal(signal.SIGINT)
-        time.sleep(0.5)
-        self.proc.send_signal(signal.SIGINT)
-        return self.finish(timeout=300)
-
-    def finish(self, timeout: float = 1800) -> tuple[int, str]:
-        try:
-            self.proc.wait(timeout=timeout)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-            self.proc.wait()
-        self._reader.join(10)
-        return self.proc.returncode, self.output
-
-
 def container(engine: Any, stack: Stack, node: str) -> Any:
     return engine.containers.get(f"{stack.label}-{node}")
 
@@ -155,18 +89,6 @@ def epoch_rows(engine: Any, stack: Stack, run_dir: str) -> list[dict[str, Any]]:
     # control-3 holds no master: no drill kills it while a run goes on.
     code, out = sh(engine, stack, "control-3", f"cat {run_dir}/epochs.jsonl 2>/dev/null")
     return [json.loads(ln) for ln in out.splitlines() if ln.startswith("{")] if code == 0 else []
-
-
-def wait_until(what: str, check: Any, timeout: float, every: float = 0.5) -> Any:
-    deadline = time.monotonic() + timeout
-    last = None
-    while time.monotonic() < deadline:
-        with contextlib.suppress(Exception):
-            last = check()
-            if last:
-                return last
-        time.sleep(every)
-    raise AssertionError(f"{what}: not within {timeout:.0f} s (last: {last!r})")
 
 
 def ip_of(engine: Any, stack: Stack, node: str) -> str:
@@ -324,7 +246,7 @@ def _tf_worker_pids(engine: Any, stack: Stack) -> list[tuple[str, int]]:
 
 def test_drill_1_killed_tensorflow_worker_resumes_from_its_backup(drills, engine):
     stack, first = drills
-    run_dir = first.run_dir()
+    run_dir = first.run_dir(MODELS)
     rows = wait_until("the first epoch", lambda: epoch_rows(engine, stack, run_dir), timeout=900)
     pids = wait_until("a TensorFlow worker process", lambda: _tf_worker_pids(engine, stack), 60)
     node, pid = pids[0]
@@ -368,7 +290,7 @@ def test_drill_2_alive_master_killed_mid_training_job_finishes(settled, engine):
     retrain(stack, "drill-2")
     up = BackgroundUp(stack)
     try:
-        run_dir = up.run_dir()
+        run_dir = up.run_dir(MODELS)
         wait_until("the first epoch", lambda: epoch_rows(engine, stack, run_dir), timeout=900)
         container(engine, stack, old).kill()
         killed = time.monotonic()
@@ -589,7 +511,7 @@ def test_drill_4_sigint_during_training_next_up_converges(settled, engine):
     stack = settled
     retrain(stack, "drill-4")
     up = BackgroundUp(stack)
-    run_dir = up.run_dir()
+    run_dir = up.run_dir(MODELS)
     wait_until("the first epoch", lambda: epoch_rows(engine, stack, run_dir), timeout=900)
     up.proc.send_signal(signal.SIGINT)
     interrupted = time.monotonic()
@@ -623,7 +545,7 @@ def test_drill_4_two_sigints_during_training_next_up_resumes_the_run(settled, en
     stack = settled
     retrain(stack, "drill-4c")
     up = BackgroundUp(stack)
-    run_dir = up.run_dir()
+    run_dir = up.run_dir(MODELS)
     wait_until(
         "two finished epochs", lambda: len(epoch_rows(engine, stack, run_dir)) >= 2, timeout=900
     )

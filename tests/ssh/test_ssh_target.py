@@ -3,7 +3,9 @@
 Four Debian containers running `openssh-server` stand in for the operator's machines: a
 non-root `deploy` user with sudo, a key pair made for this module, host keys made when each
 container starts. They share only /srv/trainstack (the operator's NFS mount in a real
-deployment). One stack goes through the life cycle; the tests run in order on it.
+deployment). One stack goes through the life cycle; the tests run in order on it. Its first
+`up` runs in the background, so that a TensorFlow worker can be killed in the middle of the
+run it launches.
 """
 
 from __future__ import annotations
@@ -14,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.pulumi_cli import ROOT, Stack, run_host_checks
+from tests.pulumi_cli import ROOT, BackgroundUp, Stack, run_host_checks, wait_until
 from tests.sshd_servers import SshServers, make_key
 
 pytestmark = pytest.mark.ssh
@@ -27,38 +29,100 @@ ROLES = {
 }
 CONFIG = {
     "target": "ssh",
+    # A few seconds an epoch: long enough to kill a worker in the middle of the run.
+    "trainRows": "20000",
     "trainEpochs": "6",
     # Fixed, so removing a server does not launch a new run.
     "trainWorkers": "2",
 }
 # What trainstack puts on a server, and what its teardown must take away again.
 INSTALLED = ("/opt/trainstack", "/etc/trainstack", "/var/lib/trainstack", "/var/log/trainstack")
+MODELS = "/srv/trainstack/models"
 
 
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory, engine):
+    """The servers and the stack, its first `up` running in the background."""
     work = tmp_path_factory.mktemp("ssh")
     servers = SshServers("tsssh", make_key(work / "key"), engine)
     servers.remove()  # what an interrupted earlier run left
-    servers.start(list(ROLES))
-    servers.wait_ready(list(ROLES))
-    stack = Stack(work / "state", prefix="tsssh")
-    stack.init(**CONFIG)
-    stack.run("config", "set", "trainstack:servers", json.dumps(servers.server_records(ROLES)))
-    first = stack.up()
-    yield stack, servers, first
-    stack.destroy_and_remove()
-    servers.remove()
+    stack: Stack | None = None
+    first: BackgroundUp | None = None
+    try:
+        servers.start(list(ROLES))
+        servers.wait_ready(list(ROLES))
+        stack = Stack(work / "state", prefix="tsssh")
+        stack.init(**CONFIG)
+        stack.run("config", "set", "trainstack:servers", json.dumps(servers.server_records(ROLES)))
+        first = BackgroundUp(stack)
+        yield stack, servers, first
+    finally:
+        if first is not None and first.proc.poll() is None:
+            first.proc.kill()
+            first.proc.wait()
+        if stack is not None:
+            stack.destroy_and_remove()
+        servers.remove()
 
 
-def on(servers: SshServers, name: str, command: str) -> tuple[int, str]:
+@pytest.fixture(scope="module")
+def settled(cluster):
+    """The stack after its first `up` has finished: (stack, servers, that up's output)."""
+    stack, servers, first = cluster
+    code, out = first.finish()
+    assert code == 0, out[-4000:]
+    return stack, servers, out
+
+
+def on(servers: SshServers, name: str, command: str, user: str = "") -> tuple[int, str]:
     container = servers.client.containers.get(f"{servers.prefix}-{name}")
-    code, out = container.exec_run(["sh", "-c", command])
+    code, out = container.exec_run(["sh", "-c", command], user=user)
     return code, out.decode(errors="replace")
 
 
-def test_up_from_nothing_ends_with_a_trained_model(cluster):
-    stack, _, first = cluster
+def epoch_rows(servers: SshServers, run_dir: str) -> list[dict]:
+    """The run's epochs.jsonl, read on a server that runs no TensorFlow worker."""
+    code, out = on(servers, "ctl-2", f"cat {run_dir}/epochs.jsonl 2>/dev/null")
+    return [json.loads(ln) for ln in out.splitlines() if ln.startswith("{")] if code == 0 else []
+
+
+def tensorflow_pids(servers: SshServers) -> list[tuple[str, int]]:
+    """(server, pid) of every process with TensorFlow loaded, looked up as its user."""
+    found = []
+    for name in ("wrk-1", "wrk-2"):
+        _, out = on(
+            servers,
+            name,
+            "for p in /proc/[0-9]*; do grep -qs _pywrap_tensorflow $p/maps && echo ${p#/proc/}; "
+            "done",
+            user="trainstack",
+        )
+        found += [(name, int(pid)) for pid in out.split()]
+    return found
+
+
+def test_a_killed_tensorflow_worker_resumes_from_the_shared_backup(cluster):
+    """The backup lives on the shared mount: the retried barrier stage resumes from it, not
+    from the start."""
+    stack, servers, first = cluster
+    run_dir = first.run_dir(MODELS)
+    rows = wait_until("the first epoch", lambda: epoch_rows(servers, run_dir), timeout=900)
+    pids = wait_until("a TensorFlow worker process", lambda: tensorflow_pids(servers), 60)
+    name, pid = pids[0]
+    done_before = max(len(rows), len(epoch_rows(servers, run_dir)))
+    code, out = on(servers, name, f"kill -KILL {pid}", user="trainstack")
+    assert code == 0, out
+    code, out = first.finish()
+    assert code == 0, out[-4000:]
+    result = stack.outputs()["training"]
+    assert result["ok"] and result["attempts"] == 2, result
+    metrics = json.loads((Path(result["host_dir"]) / "metrics.json").read_text())
+    resumed = metrics["epoch_attempt"].index(2) + 1
+    assert resumed > 1 and resumed >= done_before, (metrics["epoch_attempt"], done_before)
+
+
+def test_up_from_nothing_ends_with_a_trained_model(settled):
+    stack, _, first = settled
     outputs = stack.outputs()
     result = outputs["training"]
     assert result["ok"] is True
@@ -67,12 +131,12 @@ def test_up_from_nothing_ends_with_a_trained_model(cluster):
     assert result["submitted_on"] in ("wrk-1", "wrk-2")
     for name in ("model.keras", "metrics.json"):
         assert (Path(result["host_dir"]) / name).stat().st_size > 0
-    assert "] changed" in first.stdout
-    assert "launching on" in first.stdout
+    assert "] changed" in first
+    assert "launching on" in first
 
 
-def test_every_server_records_its_facts(cluster):
-    stack, servers, _ = cluster
+def test_every_server_records_its_facts(settled):
+    stack, servers, _ = settled
     nodes = {n["name"]: n for n in stack.outputs()["nodes"]}
     assert set(nodes) == set(ROLES)
     for name, node in nodes.items():
@@ -81,8 +145,8 @@ def test_every_server_records_its_facts(cluster):
         assert node["facts"]["cores"] >= 1 and node["facts"]["memory_bytes"] > 2**30
 
 
-def test_known_hosts_holds_the_keys_the_servers_really_have(cluster):
-    stack, servers, _ = cluster
+def test_known_hosts_holds_the_keys_the_servers_really_have(settled):
+    stack, servers, _ = settled
     known = (ROOT / ".artifacts" / stack.name / "ssh" / "known_hosts").read_text().splitlines()
     assert len(known) >= len(ROLES)
     for name in ROLES:
@@ -91,14 +155,14 @@ def test_known_hosts_holds_the_keys_the_servers_really_have(cluster):
     assert mode & 0o077 == 0
 
 
-def test_the_services_run_as_trainstack_not_as_the_login_user(cluster):
-    _, servers, _ = cluster
+def test_the_services_run_as_trainstack_not_as_the_login_user(settled):
+    _, servers, _ = settled
     code, out = on(servers, "ctl-1", "ps -o user= -C java")
     assert code == 0 and set(out.split()) == {"trainstack"}, out
 
 
-def test_hosts_pass_testinfra_over_ssh_against_the_stack_inventory(cluster, tmp_path):
-    stack, _, _ = cluster
+def test_hosts_pass_testinfra_over_ssh_against_the_stack_inventory(settled, tmp_path):
+    stack, _, _ = settled
     proc = run_host_checks(stack, stack.outputs()["inventory"], tmp_path)
     assert proc.returncode == 0, proc.stdout[-6000:] + proc.stderr[-2000:]
     assert " passed" in proc.stdout
@@ -106,15 +170,15 @@ def test_hosts_pass_testinfra_over_ssh_against_the_stack_inventory(cluster, tmp_
     assert stack.outputs()["inventory"]["all"]["vars"]["ansible_connection"] == "ssh"
 
 
-def test_second_up_changes_nothing_and_launches_no_training(cluster):
-    stack, _, _ = cluster
+def test_second_up_changes_nothing_and_launches_no_training(settled):
+    stack, _, _ = settled
     stack.run("preview", "--expect-no-changes")
     second = stack.up()
     assert "launching on" not in second.stdout
 
 
-def test_an_unreachable_server_fails_the_up_by_name_and_touches_nothing(cluster):
-    stack, servers, _ = cluster
+def test_an_unreachable_server_fails_the_up_by_name_and_touches_nothing(settled):
+    stack, servers, _ = settled
     records = servers.server_records(ROLES)
     records.append({**records[-1], "name": "wrk-9", "port": 2})
     stack.run("config", "set", "trainstack:servers", json.dumps(records))
@@ -127,8 +191,8 @@ def test_an_unreachable_server_fails_the_up_by_name_and_touches_nothing(cluster)
     stack.run("preview", "--expect-no-changes")
 
 
-def test_removing_a_worker_from_the_list_tears_it_down(cluster):
-    stack, servers, _ = cluster
+def test_removing_a_worker_from_the_list_tears_it_down(settled):
+    stack, servers, _ = settled
     run_before = stack.outputs()["training"]["run_id"]
     kept = {name: roles for name, roles in ROLES.items() if name != "wrk-2"}
     stack.run("config", "set", "trainstack:servers", json.dumps(servers.server_records(kept)))
@@ -150,8 +214,8 @@ def test_removing_a_worker_from_the_list_tears_it_down(cluster):
     assert on(servers, "wrk-2", f"test -f {result_dir}/model.keras")[0] == 0
 
 
-def test_destroy_removes_trainstack_from_every_server(cluster):
-    stack, servers, _ = cluster
+def test_destroy_removes_trainstack_from_every_server(settled):
+    stack, servers, _ = settled
     destroyed = stack.run("destroy", "--yes")
     said = r"server (\S+) \(deploy@[^)]*\): trainstack removed"
     removed = set(re.findall(said, destroyed.stdout))
