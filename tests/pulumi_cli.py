@@ -206,6 +206,24 @@ class BackgroundUp:
         return self.proc.returncode, self.output
 
 
+# Prints the pid of every process that has TensorFlow loaded; run it as the job's user (root
+# in a container may not read another user's /proc/<pid>/maps).
+TENSORFLOW_PIDS = (
+    "for p in /proc/[0-9]*; do grep -qs _pywrap_tensorflow $p/maps && echo ${p#/proc/}; done"
+)
+
+
+def processes_naming(text: str) -> list[str]:
+    """The processes of this machine whose command line contains `text`."""
+    found = []
+    for entry in Path("/proc").glob("[0-9]*"):
+        with contextlib.suppress(OSError):
+            cmdline = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode()
+            if text in cmdline:
+                found.append(f"{entry.name}: {cmdline[:160]}")
+    return found
+
+
 def wait_until(what: str, check: Any, timeout: float, every: float = 0.5) -> Any:
     deadline = time.monotonic() + timeout
     last = None

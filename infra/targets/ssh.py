@@ -162,10 +162,11 @@ def probe(server: Server, known_hosts: Path, min_memory: int) -> dict[str, Any]:
         raise SshTargetError(
             f"{describe(server)}: cannot connect over SSH: {exc.reason or exc}"
         ) from None
+    text = out.decode(errors="replace")
     if code != 0:
-        said = one_line(out.decode(errors="replace")) or "no output"
+        said = one_line(text) or "no output"
         raise SshTargetError(f"{describe(server)}: the facts script failed: {said}")
-    facts = parse_facts(out.decode(errors="replace"))
+    facts = parse_facts(text)
     errors = fit_errors(server, facts, min_memory)
     if errors:
         raise SshTargetError(f"{describe(server)} does not fit: " + "; ".join(errors))

@@ -18,7 +18,6 @@ order and each leaves the stack usable for the next:
 
 from __future__ import annotations
 
-import contextlib
 import io
 import json
 import os
@@ -35,7 +34,14 @@ from typing import Any
 
 import pytest
 
-from tests.pulumi_cli import ROOT, BackgroundUp, Stack, wait_until
+from tests.pulumi_cli import (
+    ROOT,
+    TENSORFLOW_PIDS,
+    BackgroundUp,
+    Stack,
+    processes_naming,
+    wait_until,
+)
 
 pytestmark = pytest.mark.drills
 
@@ -227,8 +233,7 @@ def test_drill_7_second_up_is_refused_with_the_lock_message(drills):
 
 
 def _tf_worker_pids(engine: Any, stack: Stack) -> list[tuple[str, int]]:
-    """(node, pid) of every process that has TensorFlow loaded on the workers (as the job's
-    user: root in the container may not read another user's /proc/<pid>/maps)."""
+    """(node, pid) of every process that has TensorFlow loaded on the workers."""
     found = []
     for i in range(1, WORKERS + 1):
         node = f"worker-{i}"
@@ -236,8 +241,7 @@ def _tf_worker_pids(engine: Any, stack: Stack) -> list[tuple[str, int]]:
             engine,
             stack,
             node,
-            "for p in /proc/[0-9]*; do grep -qs _pywrap_tensorflow $p/maps && echo ${p#/proc/}; "
-            "done",
+            TENSORFLOW_PIDS,
             user="trainstack",
         )
         found += [(node, int(pid)) for pid in out.split()]
@@ -442,16 +446,6 @@ def test_drill_3_submitting_node_down_another_worker_submits(settled, engine):
     )
 
 
-def _processes_naming(text: str) -> list[str]:
-    found = []
-    for entry in Path("/proc").glob("[0-9]*"):
-        with contextlib.suppress(OSError):
-            cmdline = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode()
-            if text in cmdline:
-                found.append(f"{entry.name}: {cmdline[:160]}")
-    return found
-
-
 # Prints `stale <program>` for a Spark daemon started before its configuration was last written.
 STALE_SPARK = (
     "conf=$(find /etc/trainstack/spark -type f -printf '%T@\\n' | sort -n | tail -n 1); "
@@ -478,7 +472,7 @@ def test_drill_4_two_sigints_during_provisioning_next_up_converges(settled, engi
     assert code != 0, out[-3000:]
     stopped_s = time.monotonic() - interrupted
     artifacts = str(ROOT / ".artifacts" / stack.name)
-    wait_until("no process of the interrupted run", lambda: not _processes_naming(artifacts), 30)
+    wait_until("no process of the interrupted run", lambda: not processes_naming(artifacts), 30)
     after = {c.name: (c.id, c.attrs["HostConfig"]["NanoCpus"]) for c in
              engine.containers.list(filters={"label": stack.selector})}  # fmt: skip
     assert after == before, (before, after)  # the same servers, their CPU limits given back

@@ -16,7 +16,14 @@ from pathlib import Path
 
 import pytest
 
-from tests.pulumi_cli import ROOT, BackgroundUp, Stack, run_host_checks, wait_until
+from tests.pulumi_cli import (
+    ROOT,
+    TENSORFLOW_PIDS,
+    BackgroundUp,
+    Stack,
+    run_host_checks,
+    wait_until,
+)
 from tests.sshd_servers import SshServers, make_key
 
 pytestmark = pytest.mark.ssh
@@ -90,13 +97,7 @@ def tensorflow_pids(servers: SshServers) -> list[tuple[str, int]]:
     """(server, pid) of every process with TensorFlow loaded, looked up as its user."""
     found = []
     for name in ("wrk-1", "wrk-2"):
-        _, out = on(
-            servers,
-            name,
-            "for p in /proc/[0-9]*; do grep -qs _pywrap_tensorflow $p/maps && echo ${p#/proc/}; "
-            "done",
-            user="trainstack",
-        )
+        _, out = on(servers, name, TENSORFLOW_PIDS, user="trainstack")
         found += [(name, int(pid)) for pid in out.split()]
     return found
 

@@ -7,6 +7,7 @@ from pathlib import Path
 import pytest
 
 from infra.provisioning.runner import mitogen_env, run_playbook
+from tests.pulumi_cli import processes_naming
 
 pytestmark = pytest.mark.unit
 
@@ -64,18 +65,6 @@ STUCK = """\
 """
 
 
-def _processes_naming(text: str) -> list[str]:
-    found = []
-    for entry in Path("/proc").glob("[0-9]*"):
-        try:
-            cmdline = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode()
-        except OSError:
-            continue
-        if text in cmdline:
-            found.append(f"{entry.name}: {cmdline[:120]}")
-    return found
-
-
 def _stuck_run(tmp_path, **kwargs):
     playbook = tmp_path / "stuck.yml"
     playbook.write_text(STUCK)
@@ -93,7 +82,7 @@ def test_a_run_that_outlives_its_timeout_is_stopped_and_named(tmp_path):
     assert result.duration_s < 60, result.duration_s
     assert "did not finish within 8 s" in result.summary(), result.summary()
     # Nothing of the run is left: not ansible-playbook, not Mitogen's multiplexer.
-    assert _processes_naming(str(tmp_path / "runner")) == []
+    assert processes_naming(str(tmp_path / "runner")) == []
 
 
 def test_a_cancelled_run_stops_and_leaves_no_process(tmp_path):
@@ -102,4 +91,4 @@ def test_a_cancelled_run_stops_and_leaves_no_process(tmp_path):
     assert result.status == "canceled", result.summary()
     assert result.duration_s < 60, result.duration_s
     assert "stopped before it finished" in result.summary(), result.summary()
-    assert _processes_naming(str(tmp_path / "runner")) == []
+    assert processes_naming(str(tmp_path / "runner")) == []

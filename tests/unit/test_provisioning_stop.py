@@ -19,8 +19,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.pulumi_cli import ROOT, wait_until
-from tests.unit.test_mitogen import STUCK, _processes_naming
+from tests.pulumi_cli import ROOT, processes_naming, wait_until
+from tests.unit.test_mitogen import STUCK
 
 pytestmark = pytest.mark.unit
 
@@ -71,7 +71,7 @@ def test_a_stop_by_group_signals_finishes_despite_the_group_kill(tmp_path):
         start_new_session=True,
     )
     try:
-        wait_until("the stuck task running", lambda: _processes_naming("sleep 120"), 60)
+        wait_until("the stuck task running", lambda: processes_naming("sleep 120"), 60)
         child = int(pid_file.read_text())
         os.killpg(plugin.pid, signal.SIGINT)
         time.sleep(0.3)  # Pulumi waits 5 s; far less here, so a stop that stays loses
@@ -91,4 +91,4 @@ def test_a_stop_by_group_signals_finishes_despite_the_group_kill(tmp_path):
     assert result["ok"] is False
     assert any("stopped before it finished" in f for f in result["failures"]), result
     assert "SIGINT received: stopping the run" in err.read_text()
-    assert _processes_naming(str(runner)) == []
+    assert processes_naming(str(runner)) == []
