@@ -5,6 +5,10 @@ Each server of `trainstack:servers` is one resource, a stock `command.local.Comm
 memory, free disk, host key) and fails with a one-line reason when the server cannot be
 reached or does not fit; whose delete runs the teardown playbook on it, so that removing a
 server from the list (or `pulumi destroy`) removes trainstack's services and files from it.
+`Command` has no read (pulumi/pulumi-command#432), so beside it each server has a small
+dynamic resource, `ServerProbe`, holding the facts: its create takes what the command
+recorded (no second connection), its read connects again, so `pulumi refresh` re-reads the
+facts and fails, naming the server, when one cannot be reached or no longer fits.
 Host keys: the first contact records the server's key in the stack's known_hosts file
 (`.artifacts/<stack>/ssh/known_hosts`); the facts keep it in the state, and every later
 connection (Ansible, the training launch) checks against what `up` recorded.
@@ -24,8 +28,17 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import pulumi
+from pulumi.dynamic import (
+    CreateResult,
+    DiffResult,
+    ReadResult,
+    Resource,
+    ResourceProvider,
+    UpdateResult,
+)
 
 from infra.config import Server, StackConfig, parse_size
+from infra.errors import UserFacingError, short_provider_errors
 
 if TYPE_CHECKING:
     from infra.transport import SshTransport
@@ -149,13 +162,18 @@ def fit_errors(server: Server, facts: Facts, min_memory: int) -> list[str]:
     return errors
 
 
-def probe(server: Server, known_hosts: Path, min_memory: int) -> dict[str, Any]:
-    """Connect, read the facts, check the fit, return the facts with the recorded host key."""
+def probe(
+    server: Server, known_hosts: Path, min_memory: int, *, first_contact: bool = True
+) -> dict[str, Any]:
+    """Connect, read the facts, check the fit, return the facts with the recorded host key.
+
+    `first_contact`: a server not yet in `known_hosts` is accepted and its key recorded;
+    without it only the keys already in `known_hosts` are trusted."""
     from infra.transport import TransportError, one_line
 
     known_hosts.parent.mkdir(parents=True, exist_ok=True)
     known_hosts.touch(mode=0o600, exist_ok=True)
-    transport = server_transport(server, known_hosts, first_contact=True)
+    transport = server_transport(server, known_hosts, first_contact=first_contact)
     try:
         code, out = transport.run(["sh", "-c", FACTS_SCRIPT])
     except TransportError as exc:
@@ -283,6 +301,81 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
+short_provider_errors()
+
+
+def reprobe(props: dict[str, Any]) -> dict[str, Any]:
+    """The facts of a recorded server, read again over SSH, trusting only its recorded keys."""
+    import tempfile
+
+    from infra.config import parse_servers
+
+    record = json.loads(props["server"])
+    servers, errors = parse_servers([record])
+    if errors or not servers:
+        # parse_servers names the config key; here the server comes from the state.
+        said = "; ".join(e.split(": ", 1)[-1] for e in errors) or "not a server record"
+        raise UserFacingError(f"trainstack: server {record.get('name')}: {said}")
+    recorded = props.get("facts") or {}
+    with tempfile.TemporaryDirectory(prefix="trainstack-probe-") as scratch:
+        known_hosts = Path(scratch) / "known_hosts"
+        write_known_hosts(known_hosts, list(recorded.get("host_keys", [])))
+        try:
+            return probe(servers[0], known_hosts, int(props["min_memory"]), first_contact=False)
+        except SshTargetError as exc:
+            raise UserFacingError(f"trainstack: {exc}") from None
+
+
+class _ProbeProvider(ResourceProvider):
+    """Facts of one server: taken from its `Command` on create, read over SSH on refresh."""
+
+    serialize_as_secret_always = False
+
+    def create(self, props: dict[str, Any]) -> CreateResult:
+        return CreateResult(
+            json.loads(props["server"])["name"], {**props, "facts": props["recorded"]}
+        )
+
+    def diff(self, id_: str, olds: dict[str, Any], news: dict[str, Any]) -> DiffResult:
+        # What the command recorded, or the server's record, changed: take the new facts.
+        # A refresh changes `facts` only, which is not an input.
+        keys = ("server", "min_memory", "recorded")
+        changed = [k for k in keys if olds.get(k) != news.get(k)]
+        return DiffResult(changes=bool(changed), replaces=[], stables=[])
+
+    def update(self, id_: str, olds: dict[str, Any], news: dict[str, Any]) -> UpdateResult:
+        return UpdateResult({**news, "facts": news["recorded"]})
+
+    def read(self, id_: str, props: dict[str, Any]) -> ReadResult:
+        return ReadResult(id_, {**props, "facts": reprobe(props)})
+
+
+class ServerProbe(Resource, module="ssh", name="ServerProbe"):
+    """A server's facts in the state, read again by `pulumi refresh`."""
+
+    facts: pulumi.Output[dict]
+
+    def __init__(
+        self,
+        name: str,
+        server: Server,
+        min_memory: int,
+        recorded: pulumi.Input[dict],
+        opts: pulumi.ResourceOptions,
+    ) -> None:
+        super().__init__(
+            _ProbeProvider(),
+            name,
+            {
+                "server": json.dumps(server.as_dict(), sort_keys=True),
+                "min_memory": str(min_memory),
+                "recorded": recorded,
+                "facts": None,
+            },
+            opts,
+        )
+
+
 @dataclass
 class SshClusterArgs:
     config: StackConfig
@@ -324,7 +417,13 @@ class SshCluster(pulumi.ComponentResource):
         current.write_text(json.dumps([s.as_dict() for s in servers], indent=2))
         python = f"{sys.executable} -m infra.targets.ssh"
         facts: dict[str, pulumi.Output[dict]] = {}
+        probes: dict[str, pulumi.Output[dict]] = {}
         for server in servers:
+            min_memory = (
+                config.worker_memory_bytes
+                if server.group == "workers"
+                else config.control_memory_bytes
+            )
             command = local.Command(
                 f"server-{server.name}",
                 create=f"{python} facts",
@@ -333,11 +432,7 @@ class SshCluster(pulumi.ComponentResource):
                 environment={
                     SERVER_ENV: json.dumps(server.as_dict(), sort_keys=True),
                     KNOWN_HOSTS_ENV: str(self.known_hosts),
-                    MIN_MEMORY_ENV: str(
-                        config.worker_memory_bytes
-                        if server.group == "workers"
-                        else config.control_memory_bytes
-                    ),
+                    MIN_MEMORY_ENV: str(min_memory),
                     CURRENT_ENV: str(current),
                     ARTIFACTS_ENV: str(state_dir / "teardown" / server.name),
                 },
@@ -348,8 +443,18 @@ class SshCluster(pulumi.ComponentResource):
                 # then installed again by provisioning, not wiped after it.
                 opts=pulumi.ResourceOptions(parent=self, delete_before_replace=True),
             )
-            facts[server.name] = command.stdout.apply(json.loads)
+            recorded = command.stdout.apply(json.loads)
+            facts[server.name] = recorded
+            # The facts as last read: by the command on up, again by `pulumi refresh`.
+            probes[server.name] = ServerProbe(
+                f"probe-{server.name}",
+                server,
+                min_memory,
+                recorded,
+                opts=pulumi.ResourceOptions(parent=self, depends_on=[command]),
+            ).facts
         every_fact = pulumi.Output.all(**facts)
+        last_read = pulumi.Output.all(**probes)
         # known_hosts holds exactly what `up` recorded (a fresh clone of the project gets it
         # back from the state); every later connection checks against it.
         every_fact.apply(self._write_known_hosts)
@@ -379,7 +484,7 @@ class SshCluster(pulumi.ComponentResource):
             if monitor
             else None
         )
-        self.nodes = every_fact.apply(
+        self.nodes = last_read.apply(
             lambda f: [
                 {
                     "name": spec.key,

@@ -171,6 +171,46 @@ def test_hosts_pass_testinfra_over_ssh_against_the_stack_inventory(settled, tmp_
     assert stack.outputs()["inventory"]["all"]["vars"]["ansible_connection"] == "ssh"
 
 
+def probed_facts(stack: Stack) -> dict[str, dict]:
+    """The facts each server's ServerProbe holds in the state, by server name."""
+    state = json.loads(stack.run("stack", "export").stdout)
+    return {
+        r["urn"].rsplit("::probe-", 1)[1]: r["outputs"]["facts"]
+        for r in state["deployment"]["resources"]
+        if r["type"].endswith("ssh:ServerProbe")
+    }
+
+
+def test_refresh_reads_the_facts_again_and_names_a_server_it_cannot_reach(settled):
+    stack, servers, _ = settled
+    _, line = on(servers, "ctl-2", "grep '^PRETTY_NAME=' /etc/os-release")
+    original = line.strip().split("=", 1)[1].strip('"')
+    edit = "sed -i --follow-symlinks 's|^PRETTY_NAME=.*|PRETTY_NAME=\"{}\"|' /etc/os-release"
+    wrk_2 = servers.client.containers.get(f"{servers.prefix}-wrk-2")
+    try:
+        on(servers, "ctl-2", edit.format("Debian GNU/Linux 12 (refreshed)"))
+        stack.run("refresh", "--yes", "--skip-preview")
+        assert probed_facts(stack)["ctl-2"]["os"] == "Debian GNU/Linux 12 (refreshed)"
+        # A frozen server accepts the TCP connection but never answers: the probe's
+        # ConnectTimeout ends the wait.
+        wrk_2.pause()
+        try:
+            failed = stack.run("refresh", "--yes", "--skip-preview", check=False)
+        finally:
+            wrk_2.unpause()
+        text = failed.stdout + failed.stderr
+        assert failed.returncode != 0, text[-3000:]
+        said = f"trainstack: server wrk-2 (deploy@{servers.address('wrk-2')}:22): cannot connect"
+        assert said in text, text[-3000:]
+        assert "Traceback" not in text
+    finally:
+        on(servers, "ctl-2", edit.format(original))
+    stack.run("refresh", "--yes", "--skip-preview")
+    assert probed_facts(stack)["ctl-2"]["os"] == original
+    # Refreshed facts are not a change to apply.
+    stack.run("preview", "--expect-no-changes")
+
+
 def test_second_up_changes_nothing_and_launches_no_training(settled):
     stack, _, _ = settled
     stack.run("preview", "--expect-no-changes")

@@ -154,3 +154,85 @@ def test_an_unreachable_server_does_not_block_its_removal(tmp_path, monkeypatch,
     err = capsys.readouterr().err
     assert "server wrk-1 (deploy@127.0.0.1:1): cannot be reached (" in err
     assert "trainstack's files stay on it" in err
+
+
+RECORDED = {
+    "os": "Debian GNU/Linux 12 (bookworm)",
+    "cores": 4,
+    "host_keys": ["[h]:22 ssh-ed25519 AAAA"],
+}
+
+
+def probe_props(key_file: str = "/keys/id_ed25519", **changes) -> dict:
+    props = {
+        "server": json.dumps(server(private_key_file=key_file).as_dict(), sort_keys=True),
+        "min_memory": "1024",
+        "recorded": RECORDED,
+        "facts": RECORDED,
+    }
+    props.update(changes)
+    return props
+
+
+def test_the_probe_takes_the_commands_facts_on_create_without_connecting(monkeypatch):
+    monkeypatch.setattr(ssh, "probe", lambda *a, **k: pytest.fail("connected on create"))
+    created = ssh._ProbeProvider().create(probe_props(facts=None))
+    assert created.id == "wrk-1"
+    assert created.outs["facts"] == RECORDED
+
+
+def test_a_refresh_reads_the_facts_again_trusting_only_the_recorded_keys(monkeypatch, tmp_path):
+    key = tmp_path / "id_ed25519"
+    key.write_text("key")
+    key.chmod(0o600)
+    seen = {}
+
+    def fake_probe(target, known_hosts, min_memory, *, first_contact=True):
+        seen.update(
+            name=target.name,
+            keys=known_hosts.read_text(),
+            min_memory=min_memory,
+            first_contact=first_contact,
+        )
+        return {**RECORDED, "cores": 8}
+
+    monkeypatch.setattr(ssh, "probe", fake_probe)
+    read = ssh._ProbeProvider().read("wrk-1", probe_props(str(key)))
+    assert read.outs["facts"]["cores"] == 8
+    assert read.outs["recorded"] == RECORDED  # the inputs stay: the next up shows no change
+    assert read.inputs is None
+    assert seen == {
+        "name": "wrk-1",
+        "keys": "[h]:22 ssh-ed25519 AAAA\n",
+        "min_memory": 1024,
+        "first_contact": False,
+    }
+
+
+def test_a_refresh_names_a_server_that_cannot_be_reached(monkeypatch, tmp_path):
+    key = tmp_path / "id_ed25519"
+    key.write_text("key")
+    key.chmod(0o600)
+
+    def unreachable(target, *a, **k):
+        raise ssh.SshTargetError(f"{ssh.describe(target)}: cannot connect over SSH: timed out")
+
+    monkeypatch.setattr(ssh, "probe", unreachable)
+    with pytest.raises(ssh.UserFacingError, match=r"^trainstack: server wrk-1 \(deploy@"):
+        ssh._ProbeProvider().read("wrk-1", probe_props(str(key)))
+
+
+def test_refreshed_facts_alone_are_no_change_to_apply():
+    provider = ssh._ProbeProvider()
+    refreshed = probe_props(facts={**RECORDED, "cores": 8})
+    assert not provider.diff("wrk-1", refreshed, probe_props(facts=None)).changes
+    moved = probe_props(recorded={**RECORDED, "os": "other"}, facts=None)
+    assert provider.diff("wrk-1", refreshed, moved).changes
+
+
+def test_a_refresh_names_the_server_whose_key_file_is_gone():
+    with pytest.raises(ssh.UserFacingError) as failed:
+        ssh._ProbeProvider().read("wrk-1", probe_props("/nonexistent/id"))
+    assert str(failed.value).startswith(
+        "trainstack: server wrk-1: '/nonexistent/id' does not exist"
+    )
