@@ -78,8 +78,10 @@ step_os_packages() {
   command -v curl >/dev/null || missing+=(curl)
   command -v git >/dev/null || missing+=(git)
   python3 -c 'import venv, ensurepip' 2>/dev/null || missing+=(python3-venv)
+  # Provisioning copies the wheel sets to the nodes with rsync (ansible.posix.synchronize).
+  command -v rsync >/dev/null || missing+=(rsync)
   if [ ${#missing[@]} -gt 0 ]; then apt_install "${missing[@]}"; fi
-  echo "present: curl git python3-venv"
+  echo "present: curl git python3-venv rsync"
 }
 
 step_java() {

@@ -3,7 +3,8 @@
 Layout of a wheelhouse root (``trainstack_wheelhouse_dir``)::
 
     <root>/spark/        pyspark (+ py4j): Spark runtime for ZooKeeper, masters and workers
-    <root>/tensorflow/   tensorflow-cpu, tf-keras (no deps) and the training package's dependencies
+    <root>/tensorflow/   tensorflow-cpu, tf-keras (no deps) and the training package's other
+                         dependencies (pyspark is in spark/ only)
     <root>/training/     the trainstack-training wheel built from ``training/``
 
 Each set directory holds a ``.trainstack-key`` file: the SHA-256 of the pinned requirement set
@@ -55,9 +56,12 @@ def training_dependencies(training_dir: Path = TRAINING_DIR) -> list[str]:
 
 
 def default_sets(training_dir: Path = TRAINING_DIR) -> list[WheelSet]:
-    tf_reqs = [TENSORFLOW, PYSPARK]
+    # pyspark (415 MB) is in the spark set only: every tensorflow host is a Spark worker
+    # (infra.config enforces it), whose spark role installs pyspark before the training
+    # package asks for it; the training role finds it in both sets.
+    tf_reqs = [TENSORFLOW]
     for dep in training_dependencies(training_dir):
-        if dep not in tf_reqs:
+        if dep not in tf_reqs and dep != PYSPARK:
             tf_reqs.append(dep)
     return [
         WheelSet("spark", [PYSPARK]),

@@ -132,6 +132,8 @@ def test_the_stack_inventory_checks_host_keys_against_the_recorded_file():
     assert all_vars["ansible_ssh_common_args"] == (
         "-o UserKnownHostsFile=/state/known_hosts -o StrictHostKeyChecking=yes"
     )
+    # No ssh compression: the wheel sets are compressed already (rsync goes over this ssh).
+    assert "-C" not in all_vars["ansible_ssh_args"].split()
     assert all_vars["trainstack_shared_storage_check"] is True
     assert config.training_workers == 1
 
