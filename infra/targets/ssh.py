@@ -45,6 +45,8 @@ if TYPE_CHECKING:
 
 ROOT = Path(__file__).resolve().parents[2]
 
+short_provider_errors()
+
 SERVER_ENV = "TRAINSTACK_SERVER"  # the server record (JSON, the config key's spelling)
 KNOWN_HOSTS_ENV = "TRAINSTACK_KNOWN_HOSTS"
 MIN_MEMORY_ENV = "TRAINSTACK_MIN_MEMORY"  # bytes the server's role needs
@@ -301,9 +303,6 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
-short_provider_errors()
-
-
 def reprobe(props: dict[str, Any]) -> dict[str, Any]:
     """The facts of a recorded server, read again over SSH, trusting only its recorded keys."""
     import tempfile
@@ -358,7 +357,7 @@ class ServerProbe(Resource, module="ssh", name="ServerProbe"):
     def __init__(
         self,
         name: str,
-        server: Server,
+        record: str,
         min_memory: int,
         recorded: pulumi.Input[dict],
         opts: pulumi.ResourceOptions,
@@ -367,7 +366,7 @@ class ServerProbe(Resource, module="ssh", name="ServerProbe"):
             _ProbeProvider(),
             name,
             {
-                "server": json.dumps(server.as_dict(), sort_keys=True),
+                "server": record,  # the server's JSON record, as its command has it
                 "min_memory": str(min_memory),
                 "recorded": recorded,
                 "facts": None,
@@ -424,13 +423,14 @@ class SshCluster(pulumi.ComponentResource):
                 if server.group == "workers"
                 else config.control_memory_bytes
             )
+            record = json.dumps(server.as_dict(), sort_keys=True)
             command = local.Command(
                 f"server-{server.name}",
                 create=f"{python} facts",
                 delete=f"{python} teardown",
                 dir=str(ROOT),
                 environment={
-                    SERVER_ENV: json.dumps(server.as_dict(), sort_keys=True),
+                    SERVER_ENV: record,
                     KNOWN_HOSTS_ENV: str(self.known_hosts),
                     MIN_MEMORY_ENV: str(min_memory),
                     CURRENT_ENV: str(current),
@@ -448,10 +448,10 @@ class SshCluster(pulumi.ComponentResource):
             # The facts as last read: by the command on up, again by `pulumi refresh`.
             probes[server.name] = ServerProbe(
                 f"probe-{server.name}",
-                server,
+                record,
                 min_memory,
                 recorded,
-                opts=pulumi.ResourceOptions(parent=self, depends_on=[command]),
+                opts=pulumi.ResourceOptions(parent=self),
             ).facts
         every_fact = pulumi.Output.all(**facts)
         last_read = pulumi.Output.all(**probes)
