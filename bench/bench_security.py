@@ -17,53 +17,22 @@ and the relative cost of encryption.
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
-import subprocess
 import sys
 import tempfile
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from bench.common import emit, timed
-from infra.components.training import NODE_ENV, NODE_VENV
+from bench.common import emit, run_stack_job, timed
 from tests.pulumi_cli import Stack
 
 
 def run_job(container: str, master: str, args: argparse.Namespace, crypto: bool, run: str) -> dict:
     conf = f"spark.driver.memory=512m,spark.network.crypto.enabled={str(crypto).lower()}"
-    command = [
-        f"{NODE_VENV}/bin/trainstack-train",
-        "--master",
-        master,
-        "--workers",
-        str(args.workers),
-        "--epochs",
-        str(args.epochs),
-        "--rows",
-        str(args.rows),
-        "--local-prep-mb",
-        "0",
-        "--no-plot",
-        "--output",
-        f"/srv/trainstack/models/bench-security-{run}",
-        "--spark-conf",
-        conf,
-    ]
-    env = [f"--env={k}={v}" for k, v in NODE_ENV.items()]
-    proc = subprocess.run(
-        ["docker", "exec", "-u", "trainstack", *env, container, *command],
-        capture_output=True,
-        text=True,
-        check=False,
-    )
-    lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("{")]
-    summary = json.loads(lines[-1]) if lines else {}
-    if proc.returncode != 0 or not summary.get("ok"):
-        raise SystemExit(
-            f"job failed (crypto={crypto}):\n{proc.stdout[-3000:]}{proc.stderr[-3000:]}"
-        )
+    job_args = ["--workers", str(args.workers), "--epochs", str(args.epochs)]
+    job_args += ["--rows", str(args.rows), "--local-prep-mb", "0", "--no-plot"]
+    summary = run_stack_job(container, master, job_args, conf, f"security-{run}")
     return {
         "data_s": float(summary["data_seconds"]),
         "train_s": float(summary["train_seconds"]),

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import subprocess
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -23,3 +24,33 @@ def emit(result: dict, out: Path | None) -> None:
     if out:
         out.parent.mkdir(parents=True, exist_ok=True)
         out.write_text(text + "\n")
+
+
+def run_stack_job(container: str, master: str, args: list[str], conf: str, run: str) -> dict:
+    """Run `trainstack-train` on a stack's node as the job user (as `pulumi up` does) with
+    `--spark-conf conf` and `args`; its output under /srv/trainstack/models/bench-<run>.
+    Returns the job's summary line; exits with its output when the job fails."""
+    from infra.components.training import NODE_ENV, NODE_VENV
+
+    command = [
+        f"{NODE_VENV}/bin/trainstack-train",
+        "--master",
+        master,
+        *args,
+        "--output",
+        f"/srv/trainstack/models/bench-{run}",
+        "--spark-conf",
+        conf,
+    ]
+    env = [f"--env={k}={v}" for k, v in NODE_ENV.items()]
+    proc = subprocess.run(
+        ["docker", "exec", "-u", "trainstack", *env, container, *command],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("{")]
+    summary: dict = json.loads(lines[-1]) if lines else {}
+    if proc.returncode != 0 or not summary.get("ok"):
+        raise SystemExit(f"job {run} failed:\n{proc.stdout[-3000:]}{proc.stderr[-3000:]}")
+    return summary

@@ -10,7 +10,7 @@ import pytest
 from infra.components.provisioning import Provisioning, ProvisioningArgs, tree_digest
 from infra.components.training import Training, TrainingArgs
 from infra.config import StackConfig
-from infra.program import training_trigger
+from infra.program import training_settings, training_trigger
 
 pytestmark = pytest.mark.unit
 
@@ -151,4 +151,18 @@ def test_inventory_numbers_are_ints_again_after_the_engine():
     raw = {"all": {"hosts": {"c": {"trainstack_zookeeper_id": 1.0, "cpus": 0.5}}, "l": [2.0]}}
     assert integral(raw) == {
         "all": {"hosts": {"c": {"trainstack_zookeeper_id": 1, "cpus": 0.5}}, "l": [2]}
+    }
+
+
+def test_job_jvms_compile_with_c1_only_and_the_training_package_parses_it():
+    """The launch settings' spark_conf reaches Spark as three settings: the driver's heap and
+    C1-only compilation for the job's driver and executors (docs/training.md)."""
+    from trainstack_training.config import TrainConfig
+
+    settings = training_settings(StackConfig())
+    conf = TrainConfig(spark_conf=settings["spark_conf"]).spark_settings()
+    assert conf == {
+        "spark.driver.memory": "512m",
+        "spark.driver.extraJavaOptions": "-XX:TieredStopAtLevel=1",
+        "spark.executor.extraJavaOptions": "-XX:TieredStopAtLevel=1",
     }
