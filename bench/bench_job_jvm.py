@@ -5,8 +5,8 @@ only, the same job side by side in one run.
 
 One stack of its own with the default topology (3 control nodes at 0.3 CPU, 2 workers at
 0.55 CPU, monitoring on, no job at `up`); then the default digits job (2 workers, 10 epochs)
-is submitted on worker-1 as `pulumi up` submits it, alternately with `spark.driver.memory`
-only (`c2`: Spark's default tiered compilation) and with the job's Java options of
+is submitted on worker-1 as `pulumi up` submits it, alternately with the driver's heap
+setting only (`c2`: Spark's default tiered compilation) and with the job's Java options of
 `infra/program.py` for the driver and the executors (`c1`: `-XX:TieredStopAtLevel=1`),
 `--repeats` times each. Reports every run's phases (`job_phases` of metrics.json), the
 training share (barrier stage / job) and the medians per setting. `--rows 50000 --epochs 8`
@@ -26,10 +26,10 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bench.common import emit, run_stack_job, timed
-from infra.program import DRIVER_CONF, JOB_JAVA_OPTIONS
+from infra.program import DRIVER_CONF, DRIVER_MEMORY_CONF, JOB_JAVA_OPTIONS
 from tests.pulumi_cli import Stack
 
-SETTINGS = {"c2": "spark.driver.memory=512m", "c1": DRIVER_CONF}
+SETTINGS = {"c2": DRIVER_MEMORY_CONF, "c1": DRIVER_CONF}
 
 
 def run_job(container: str, master: str, args: argparse.Namespace, name: str, run: str) -> dict:

@@ -25,11 +25,12 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bench.common import emit, run_stack_job, timed
+from infra.program import DRIVER_MEMORY_CONF
 from tests.pulumi_cli import Stack
 
 
 def run_job(container: str, master: str, args: argparse.Namespace, crypto: bool, run: str) -> dict:
-    conf = f"spark.driver.memory=512m,spark.network.crypto.enabled={str(crypto).lower()}"
+    conf = f"{DRIVER_MEMORY_CONF},spark.network.crypto.enabled={str(crypto).lower()}"
     job_args = ["--workers", str(args.workers), "--epochs", str(args.epochs)]
     job_args += ["--rows", str(args.rows), "--local-prep-mb", "0", "--no-plot"]
     summary = run_stack_job(container, master, job_args, conf, f"security-{run}")
