@@ -1,5 +1,6 @@
-"""The training job's JVMs on the default stack: Spark's default JIT (C1 then C2) against C1
-only, the same job side by side in one run.
+"""The training job on the default stack: Spark's default JIT (C1 then C2) against C1 only,
+and the small set's data stage without Spark against the distributed Spark stage, the same
+job side by side in one run.
 
     python bench/bench_job_jvm.py --out bench/results/bench_job_jvm.json
 
@@ -7,10 +8,12 @@ One stack of its own with the default topology (3 control nodes at 0.3 CPU, 2 wo
 0.55 CPU, monitoring on, no job at `up`); then the default digits job (2 workers, 10 epochs)
 is submitted on worker-1 as `pulumi up` submits it, alternately with the driver's heap
 setting only (`c2`: Spark's default tiered compilation) and with the job's Java options of
-`infra/program.py` for the driver and the executors (`c1`: `-XX:TieredStopAtLevel=1`),
-`--repeats` times each. Reports every run's phases (`job_phases` of metrics.json), the
-training share (barrier stage / job) and the medians per setting. `--rows 50000 --epochs 8`
-is the drills' workload.
+`infra/program.py` for the driver and the executors (`c1`: `-XX:TieredStopAtLevel=1`), and
+with those options and `--local-prep-mb 0` (`c1-spark-data`: the data stage as a distributed
+Spark stage, which starts Spark SQL; the digits otherwise take the `arrow` path, read with
+pyarrow in the driver), `--repeats` times each. Reports every run's phases (`job_phases` of
+metrics.json), the training share (barrier stage / job) and the medians per setting.
+`--rows 50000 --epochs 8` is the drills' workload.
 """
 
 from __future__ import annotations
@@ -29,13 +32,19 @@ from bench.common import emit, run_stack_job, timed
 from infra.program import DRIVER_CONF, DRIVER_MEMORY_CONF, JOB_JAVA_OPTIONS
 from tests.pulumi_cli import Stack
 
-SETTINGS = {"c2": DRIVER_MEMORY_CONF, "c1": DRIVER_CONF}
+# name: (--spark-conf, extra job flags)
+SETTINGS: dict[str, tuple[str, list[str]]] = {
+    "c2": (DRIVER_MEMORY_CONF, []),
+    "c1": (DRIVER_CONF, []),
+    "c1-spark-data": (DRIVER_CONF, ["--local-prep-mb", "0"]),
+}
 
 
 def run_job(container: str, master: str, args: argparse.Namespace, name: str, run: str) -> dict:
     job_args = ["--workers", "2", "--epochs", str(args.epochs), "--batch-size", "32"]
     job_args += ["--data", "digits", "--rows", str(args.rows)]
-    summary = run_stack_job(container, master, job_args, SETTINGS[name], f"jvm-{run}")
+    conf, flags = SETTINGS[name]
+    summary = run_stack_job(container, master, [*job_args, *flags], conf, f"jvm-{run}")
     metrics = json.loads(
         subprocess.run(
             ["docker", "exec", container, "cat", summary["metrics_path"]],
@@ -51,6 +60,7 @@ def run_job(container: str, master: str, args: argparse.Namespace, name: str, ru
         "train_s": round(train, 2),
         "training_share": round(train / total, 3),
         "accuracy": round(float(summary["accuracy"]), 4),
+        "data_path": metrics.get("data_path"),
         "phases": {k: round(float(v), 2) for k, v in metrics["job_phases"].items()},
         "import_tf_s": [round(w["import_tf"], 2) for w in metrics["worker_timings"]],
     }
@@ -98,7 +108,8 @@ def main() -> None:
     emit(
         {
             "benchmark": "job_jvm",
-            "what": "the digits job on the default stack: Spark's default JIT vs C1 only",
+            "what": "the digits job on the default stack: Spark's default JIT vs C1 only; "
+            "the small set's arrow data path vs the distributed Spark stage",
             "c1_java_options": JOB_JAVA_OPTIONS,
             "topology": "3 control (0.3 CPU), 2 workers (0.55 CPU), monitoring on",
             "rows": args.rows,
@@ -108,6 +119,9 @@ def main() -> None:
             "runs": runs,
             "median": medians,
             "total_c1_over_c2": round(medians["c1"]["total_s"] / medians["c2"]["total_s"], 3),
+            "total_c1_over_c1_spark_data": round(
+                medians["c1"]["total_s"] / medians["c1-spark-data"]["total_s"], 3
+            ),
         },
         args.out,
     )

@@ -186,14 +186,14 @@ def bench_data(sizes: list[int], args: argparse.Namespace, root: Path) -> list[d
     results = []
     try:
         # Warm-up on the 1797 digits: the first Spark job pays JVM and codegen start-up.
-        prepare(spark, base, root / "data" / "warmup")
+        prepare(lambda: spark, base, root / "data" / "warmup")
         for rows in sizes:
             src = root / "data" / f"src-{rows}"
             t0 = time.perf_counter()
             generate_digits(src, rows=rows, seed=base.seed)
             gen_seconds = time.perf_counter() - t0
             cfg = TrainConfig(**{**base.to_dict(), "data": str(src)})
-            info = prepare(spark, cfg, root / "data" / f"out-{rows}")
+            info = prepare(lambda: spark, cfg, root / "data" / f"out-{rows}")
             results.append(
                 {
                     "rows": rows,

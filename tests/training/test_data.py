@@ -10,8 +10,16 @@ from typing import Any
 import numpy as np
 import pandas as pd
 import pytest
+from trainstack_training import data
 from trainstack_training.config import ConfigError, TrainConfig, parse_args
-from trainstack_training.data import DataError, generate_digits, load_arrays, prepare
+from trainstack_training.data import (
+    DataError,
+    digits_arrays,
+    generate_digits,
+    load_arrays,
+    prepare,
+    spark_xxhash64,
+)
 from trainstack_training.launcher import ClusterError, check_slots
 
 pytestmark = pytest.mark.training
@@ -34,16 +42,25 @@ def test_generator_is_deterministic_and_scales(tmp_path: Path) -> None:
     assert not np.allclose(a.iloc[:1797, :64].to_numpy(), a.iloc[1797:3594, :64].to_numpy())
 
 
+def test_digits_are_scikit_learns_digits() -> None:
+    from sklearn.datasets import load_digits
+
+    images, labels = digits_arrays()
+    expected = load_digits()
+    assert images.dtype == np.float64 and images.shape == (1797, 8, 8)
+    assert np.array_equal(images, expected.images) and np.array_equal(labels, expected.target)
+
+
 def test_prepare_digits_shards_split_normalise(spark: Any, tmp_path: Path) -> None:
     cfg = _cfg(tmp_path, workers=2)
-    info = prepare(spark, cfg, tmp_path / "data")
+    info = prepare(lambda: spark, cfg, tmp_path / "data")
     assert info.total_rows == 1797 and info.n_features == 64 and len(info.shard_rows) == 2
     assert info.train_rows + info.val_rows == 1797
     assert 0.15 < info.val_rows / 1797 < 0.25
     x, y = load_arrays(info.shard_dir(0))
     assert x.shape == (info.shard_rows[0], 64) and x.min() >= 0.0 and x.max() <= 1.0
     assert set(np.unique(y)) <= set(range(10))
-    again = prepare(spark, cfg, tmp_path / "data2")  # seeded: same split, same shards
+    again = prepare(lambda: spark, cfg, tmp_path / "data2")  # seeded: same split, same shards
     assert again.shard_rows == info.shard_rows and again.val_rows == info.val_rows
     xv1, _ = load_arrays(info.val_dir)
     xv2, _ = load_arrays(again.val_dir)
@@ -56,25 +73,82 @@ def _sorted_rows(path: str) -> tuple[np.ndarray, np.ndarray]:
     return x[order], y[order]
 
 
-def test_small_input_in_driver_equals_distributed_stage(spark: Any, tmp_path: Path) -> None:
-    # A small set is read by one Spark job and prepared in the driver; the distributed stage
+def _on_path(path: str, monkeypatch: pytest.MonkeyPatch) -> int:
+    """Make prepare() take `path`; returns the local_prep_mb to use."""
+    if path == "driver":  # a small set the arrow path does not take
+        monkeypatch.setattr(data, "_small_parquet_files", lambda *_: None)
+    return 0 if path == "spark" else 32
+
+
+def test_every_path_gives_the_same_shards(
+    spark: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A small set is read by pyarrow and split with Spark's hash in numpy ("arrow"), or read
+    # by one Spark job and prepared in the driver ("driver"); the distributed stage
     # (local_prep_mb=0) must give bit-identical shards, split and scaling.
-    small = prepare(spark, _cfg(tmp_path, workers=3), tmp_path / "driver")
-    big = prepare(spark, _cfg(tmp_path, workers=3, local_prep_mb=0), tmp_path / "spark")
-    assert (small.path, big.path) == ("driver", "spark")
-    assert small.shard_rows == big.shard_rows and small.val_rows == big.val_rows
-    assert small.total_rows == big.total_rows == 1797
-    for k in range(3):
-        xs, ys = _sorted_rows(small.shard_dir(k))
-        xb, yb = _sorted_rows(big.shard_dir(k))
-        assert xs.dtype == xb.dtype == np.float32 and np.array_equal(xs, xb)
-        assert np.array_equal(ys, yb)
-    assert all(
-        np.array_equal(a, b)
-        for a, b in zip(_sorted_rows(small.val_dir), _sorted_rows(big.val_dir), strict=True)
-    )
+    arrow = prepare(lambda: spark, _cfg(tmp_path, workers=3), tmp_path / "arrow")
+    big = prepare(lambda: spark, _cfg(tmp_path, workers=3, local_prep_mb=0), tmp_path / "spark")
+    _on_path("driver", monkeypatch)
+    small = prepare(lambda: spark, _cfg(tmp_path, workers=3), tmp_path / "driver")
+    assert (arrow.path, small.path, big.path) == ("arrow", "driver", "spark")
+    for other in (arrow, small):
+        assert other.shard_rows == big.shard_rows and other.val_rows == big.val_rows
+        assert other.total_rows == big.total_rows == 1797
+        for k in range(3):
+            xs, ys = _sorted_rows(other.shard_dir(k))
+            xb, yb = _sorted_rows(big.shard_dir(k))
+            assert xs.dtype == xb.dtype == np.float32 and np.array_equal(xs, xb)
+            assert np.array_equal(ys, yb)
+        assert all(
+            np.array_equal(a, b)
+            for a, b in zip(_sorted_rows(other.val_dir), _sorted_rows(big.val_dir), strict=True)
+        )
+    assert set(arrow.phases) >= {"data_source", "data_arrow_read", "data_driver_prepare"}
     assert set(small.phases) >= {"data_source", "data_spark_read", "data_driver_prepare"}
     assert set(big.phases) >= {"data_spark_stats", "data_spark_write"}
+
+
+def test_the_arrow_path_never_starts_spark_sql(tmp_path: Path) -> None:
+    def no_session() -> Any:
+        raise AssertionError("the arrow path asked for a Spark session")
+
+    info = prepare(no_session, _cfg(tmp_path, workers=2), tmp_path / "data")
+    assert info.path == "arrow" and info.total_rows == 1797
+
+
+@pytest.mark.parametrize("seed", [42, 0, -7, 2**31 - 1, 2**31, -(2**40)])
+def test_spark_xxhash64_matches_spark_bit_for_bit(spark: Any, tmp_path: Path, seed: int) -> None:
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+    from pyspark.sql import functions as F  # noqa: N812
+
+    rng = np.random.default_rng(5)
+    n = 2000
+    edge_f = [0.0, -0.0, np.nan, np.inf, -np.inf, 1e-45, -1.5, 3.4e38]
+    cols: dict[str, pa.Array] = {}
+    for name, dtype in [("i8", np.int8), ("i16", np.int16), ("i32", np.int32), ("i64", np.int64)]:
+        info = np.iinfo(dtype)
+        values = rng.integers(info.min, info.max, size=n, dtype=dtype, endpoint=True)
+        values[:4] = [info.min, info.max, 0, -1]
+        cols[name] = pa.array(values, mask=rng.random(n) < 0.05)
+    for name, dtype in [("f32", np.float32), ("f64", np.float64)]:
+        values = rng.normal(size=n).astype(dtype)
+        values[: len(edge_f)] = edge_f
+        cols[name] = pa.array(values, mask=rng.random(n) < 0.05)
+    cols["id"] = pa.array(np.arange(n))
+    path = tmp_path / "types.parquet"
+    pq.write_table(pa.table(cols), path)
+    hashed = ["f32", "i8", "f64", "i16", "i64", "i32"]
+    rows = (
+        spark.read.parquet(str(path))
+        .select("id", F.xxhash64(F.lit(seed), *[F.col(c) for c in hashed]).alias("h"))
+        .orderBy("id")
+        .collect()
+    )
+    expected = np.array([r["h"] for r in rows], dtype=np.int64)
+    table = pq.read_table(path)
+    got = spark_xxhash64(seed, [table.column(c) for c in hashed], n)
+    assert got.dtype == np.int64 and np.array_equal(got, expected)
 
 
 def test_csv_input(spark: Any, tmp_path: Path) -> None:
@@ -84,7 +158,7 @@ def test_csv_input(spark: Any, tmp_path: Path) -> None:
     )
     df.to_csv(tmp_path / "in.csv", index=False)
     cfg = _cfg(tmp_path, data=str(tmp_path / "in.csv"), label_col="y", n_classes=3, workers=2)
-    info = prepare(spark, cfg, tmp_path / "data")
+    info = prepare(lambda: spark, cfg, tmp_path / "data")
     assert info.n_features == 2 and info.feature_cols == ["a", "b"] and info.total_rows == 400
 
 
@@ -101,7 +175,7 @@ def _digits_df(n: int = 300) -> pd.DataFrame:
     return df
 
 
-@pytest.mark.parametrize("local_prep_mb", [32, 0], ids=["driver", "spark"])
+@pytest.mark.parametrize("path", ["arrow", "driver", "spark"])
 @pytest.mark.parametrize(
     ("mutate", "kwargs", "pattern"),
     [
@@ -145,12 +219,18 @@ def test_bad_data_fails_with_cause(
     mutate: Any,
     kwargs: dict[str, Any],
     pattern: str,
-    local_prep_mb: int,
+    path: str,
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    path = _parquet(tmp_path, mutate(_digits_df()))
-    cfg = _cfg(tmp_path, data=path, local_prep_mb=local_prep_mb, **kwargs)
+    local_prep_mb = _on_path(path, monkeypatch)
+    cfg = _cfg(
+        tmp_path,
+        data=_parquet(tmp_path, mutate(_digits_df())),
+        local_prep_mb=local_prep_mb,
+        **kwargs,
+    )
     with pytest.raises(DataError, match=pattern):
-        prepare(spark, cfg, tmp_path / "data")
+        prepare(lambda: spark, cfg, tmp_path / "data")
 
 
 def test_corrupted_files_fail_naming_file_and_problem(spark: Any, tmp_path: Path) -> None:
@@ -161,32 +241,32 @@ def test_corrupted_files_fail_naming_file_and_problem(spark: Any, tmp_path: Path
     cut = good.parent / "part-1.parquet"
     cut.write_bytes(good.read_bytes()[: good.stat().st_size // 2])
     with pytest.raises(DataError, match=rf"data file '{cut}' is not a readable Parquet file"):
-        prepare(spark, _cfg(tmp_path, data=str(good.parent)), tmp_path / "d")
+        prepare(lambda: spark, _cfg(tmp_path, data=str(good.parent)), tmp_path / "d")
     # A CSV row with fewer fields than the header (Spark's permissive reader would pad it).
     csv = tmp_path / "rows.csv"
     csv.write_text("f0,f1,label\n0.1,0.2,1\n0.3,2\n")
     with pytest.raises(DataError, match=rf"'{csv}' line 3 has 2 fields, the header has 3"):
-        prepare(spark, _cfg(tmp_path, data=str(csv)), tmp_path / "d")
+        prepare(lambda: spark, _cfg(tmp_path, data=str(csv)), tmp_path / "d")
 
 
 def test_unreachable_path_and_url(spark: Any, tmp_path: Path) -> None:
     with pytest.raises(DataError, match=r"data path '/nonexistent/x.parquet' does not exist"):
-        prepare(spark, _cfg(tmp_path, data="/nonexistent/x.parquet"), tmp_path / "d")
+        prepare(lambda: spark, _cfg(tmp_path, data="/nonexistent/x.parquet"), tmp_path / "d")
     with pytest.raises(DataError, match=r"data URL 'http://127.0.0.1:9/x.csv' is unreachable"):
-        prepare(spark, _cfg(tmp_path, data="http://127.0.0.1:9/x.csv"), tmp_path / "d")
+        prepare(lambda: spark, _cfg(tmp_path, data="http://127.0.0.1:9/x.csv"), tmp_path / "d")
 
 
 def test_shard_smaller_than_batch(spark: Any, tmp_path: Path) -> None:
     path = _parquet(tmp_path, _digits_df(60))
     with pytest.raises(DataError, match=r"fewer than batch_size=64"):
-        prepare(spark, _cfg(tmp_path, data=path, batch_size=64), tmp_path / "d")
+        prepare(lambda: spark, _cfg(tmp_path, data=path, batch_size=64), tmp_path / "d")
 
 
 def test_not_enough_slots_fails_fast(spark: Any, tmp_path: Path) -> None:
     # the session is local[2]: a 3-task barrier stage can never be scheduled
     start = time.perf_counter()
     with pytest.raises(ClusterError, match=r"fewer free task slots than workers=3"):
-        check_slots(spark, _cfg(tmp_path, workers=3, slot_wait_seconds=3))
+        check_slots(spark.sparkContext, _cfg(tmp_path, workers=3, slot_wait_seconds=3))
     assert time.perf_counter() - start < 60
 
 

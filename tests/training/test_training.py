@@ -3,10 +3,15 @@
 from __future__ import annotations
 
 import json
+import time
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
+from trainstack_training import launcher
+from trainstack_training.config import TrainConfig
+from trainstack_training.launcher import wait_for_slots
 
 from .conftest import run_cli
 
@@ -47,7 +52,8 @@ def test_two_workers_reach_090_and_write_results(two_workers: dict[str, Any]) ->
     assert metrics["samples_per_second"] > 0 and metrics["data_seconds"] > 0
     assert len(metrics["peak_rss_mb_per_worker"]) == 2
     # where the time went: job phases and, per worker, start-up, steps, validation
-    assert {"spark_session", "data_spark_read"} <= set(metrics["job_phases"])
+    assert {"spark_context", "data_arrow_read", "spark_executors"} <= set(metrics["job_phases"])
+    assert "spark_sql_session" not in metrics["job_phases"]  # the digits never start Spark SQL
     for t in metrics["worker_timings"]:
         assert t["import_tf"] > 0 and t["train_steps"] > 0 and t["fit"] >= t["train_steps"]
     # only the chief's model is kept; the other worker's temporary copy is gone
@@ -158,3 +164,56 @@ def test_retries_exhausted_is_a_clear_failure(tmp_path: Path) -> None:
 
 def _epoch_rows(out: Path) -> list[dict[str, Any]]:
     return [json.loads(ln) for ln in (out / "epochs.jsonl").read_text().splitlines() if ln]
+
+
+class _Cluster:
+    """What wait_for_slots reads of a SparkContext (`sc._jsc.sc()`): the slot count per poll."""
+
+    def __init__(self, slots: list[int], registered_wait_ms: int = 1000) -> None:
+        self.slots, self.polls, self.wait_ms = slots, 0, registered_wait_ms
+        self.started_ms = int(time.time() * 1000)
+        self._jsc = SimpleNamespace(sc=lambda: self)
+
+    def resourceProfileManager(self) -> _Cluster:  # noqa: N802 (Spark's names)
+        return self
+
+    def defaultResourceProfile(self) -> str:  # noqa: N802
+        return "default"
+
+    def startTime(self) -> int:  # noqa: N802
+        return self.started_ms
+
+    def conf(self) -> _Cluster:
+        return self
+
+    def getTimeAsMs(self, key: str, default: str) -> int:  # noqa: N802
+        assert key == "spark.scheduler.maxRegisteredResourcesWaitingTime"
+        return self.wait_ms
+
+    def maxNumConcurrentTasks(self, profile: str) -> int:  # noqa: N802
+        self.polls += 1
+        return self.slots[min(self.polls, len(self.slots)) - 1]
+
+
+_CLUSTER_CFG = {"master": "spark://m1:7077", "workers": 2}
+
+
+def test_waits_for_the_executors_slots_before_training() -> None:
+    cluster = _Cluster([0, 0, 1, 2, 2])
+    wait_for_slots(cluster, TrainConfig(**_CLUSTER_CFG))  # type: ignore[arg-type]
+    assert cluster.polls == 4  # returned at the first poll with one slot per worker
+
+
+def test_too_few_slots_are_left_to_the_barrier_check_after_sparks_wait() -> None:
+    cluster = _Cluster([1], registered_wait_ms=1000)
+    start = time.perf_counter()
+    wait_for_slots(cluster, TrainConfig(**_CLUSTER_CFG))  # type: ignore[arg-type]
+    assert 0.8 < time.perf_counter() - start < 5
+
+
+def test_no_executor_yet_is_waited_for_longer(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(launcher, "FIRST_EXECUTOR_WAIT_SECONDS", 2.5)
+    cluster = _Cluster([0], registered_wait_ms=500)
+    start = time.perf_counter()
+    wait_for_slots(cluster, TrainConfig(**_CLUSTER_CFG))  # type: ignore[arg-type]
+    assert 2.3 < time.perf_counter() - start < 7  # not the 0.5 s of Spark's wait

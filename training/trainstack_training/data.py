@@ -1,4 +1,9 @@
-"""Data stage: read, validate, normalise, split and shard a data set with PySpark.
+"""Data stage: read, validate, normalise, split and shard a data set.
+
+Large sets go through a distributed Spark stage. Small local Parquet sets are read with
+pyarrow and split in numpy with Spark's own hash, reproduced bit for bit (`spark_xxhash64`),
+so the job does not start Spark SQL for them; small sets of other kinds are read by one Spark
+job and prepared in the driver. Every path gives the same shards.
 
 Also the offline default data set (scikit-learn's digits) and a deterministic generator that
 scales it to any row count with augmented copies (for benchmarks).
@@ -21,6 +26,7 @@ import numpy as np
 from trainstack_training.config import DIGITS, TrainConfig
 
 if TYPE_CHECKING:
+    import pyarrow as pa
     from pyspark.sql import DataFrame, SparkSession
 
 DIGITS_ROWS = 1797  # rows in sklearn's digits set
@@ -44,8 +50,9 @@ class DataInfo:
     val_rows: int
     total_rows: int
     seconds: float
-    # "driver": one Spark read job, then prepared in the driver (small inputs); "spark": the
-    # distributed Spark stage (an aggregation job and the partitioned writes).
+    # "arrow": read with pyarrow and split in the driver, no Spark (small local Parquet
+    # sets); "driver": one Spark read job, then prepared in the driver (other small inputs);
+    # "spark": the distributed Spark stage (an aggregation job and the partitioned writes).
     path: str = "spark"
     phases: dict[str, float] = field(default_factory=dict)  # seconds per data-stage phase
 
@@ -88,6 +95,26 @@ def _augment(images: np.ndarray, copy: int, seed: int) -> np.ndarray:
     return np.clip(noisy, 0.0, 16.0).reshape(len(images), 64)
 
 
+def digits_arrays() -> tuple[np.ndarray, np.ndarray]:
+    """scikit-learn's digits: images (1797, 8, 8) float64 with values 0..16, labels int32.
+
+    Read as `load_digits()` reads them, from the data file scikit-learn ships, but without
+    importing scikit-learn: that import alone takes 2.3 s of a 0.55-CPU worker, at the time
+    the job's executors start there. Falls back to `load_digits()` if the file moved."""
+    import importlib.util
+
+    spec = importlib.util.find_spec("sklearn")
+    for location in (spec.submodule_search_locations or []) if spec else []:
+        data_file = Path(location) / "datasets" / "data" / "digits.csv.gz"
+        if data_file.is_file():
+            data = np.loadtxt(data_file, delimiter=",")
+            return data[:, :-1].reshape(-1, 8, 8), data[:, -1].astype(np.int32)
+    from sklearn.datasets import load_digits
+
+    digits = load_digits()
+    return digits.images.astype(np.float64), digits.target.astype(np.int32)
+
+
 def generate_digits(path: str | Path, rows: int = 0, seed: int = 0) -> int:
     """Write the digits set (or `rows` rows of it, with augmented copies) as Parquet files.
 
@@ -95,11 +122,8 @@ def generate_digits(path: str | Path, rows: int = 0, seed: int = 0) -> int:
     """
     import pyarrow as pa
     import pyarrow.parquet as pq
-    from sklearn.datasets import load_digits
 
-    digits = load_digits()
-    images = digits.images.astype(np.float64)  # (1797, 8, 8), values 0..16
-    labels = digits.target.astype(np.int32)
+    images, labels = digits_arrays()
     total = rows if rows > 0 else len(labels)
     out = Path(path)
     if out.exists():
@@ -243,6 +267,132 @@ def read_source(spark: SparkSession, uri: str, fmt: str) -> DataFrame:
 
 
 # ---------------------------------------------------------------------------------------------
+# Spark's xxhash64 in numpy (the split of small sets without Spark)
+
+_U64 = np.uint64
+_P1 = _U64(0x9E3779B185EBCA87)
+_P2 = _U64(0xC2B2AE3D27D4EB4F)
+_P3 = _U64(0x165667B19E3779F9)
+_P4 = _U64(0x85EBCA77C2B2AE63)
+_P5 = _U64(0x27D4EB2F165667C5)
+_SPARK_HASH_SEED = 42  # the seed of Spark SQL's xxhash64()
+# Arrow types whose Spark type (as Spark reads Parquet) and hash are reproduced here: Spark's
+# ByteType, ShortType and IntegerType hash as 4-byte ints, LongType as 8-byte longs, FloatType
+# and DoubleType as their IEEE bits (-0.0 as 0.0, NaN canonical).
+_INT32_TYPES = ("int8", "int16", "int32")
+_HASHED_TYPES = (*_INT32_TYPES, "int64", "float", "double")
+
+
+def _rotl(x: np.ndarray, r: int) -> np.ndarray:
+    return (x << _U64(r)) | (x >> _U64(64 - r))
+
+
+def _fmix(h: np.ndarray) -> np.ndarray:
+    h = h ^ (h >> _U64(33))
+    h = h * _P2
+    h = h ^ (h >> _U64(29))
+    h = h * _P3
+    return h ^ (h >> _U64(32))
+
+
+def _hash_int(bits: np.ndarray, seed: np.ndarray) -> np.ndarray:
+    """Spark's XXH64.hashInt: `bits` are the int's 32 bits, zero-extended to uint64."""
+    h = seed + _P5 + _U64(4)
+    h = h ^ (bits * _P1)
+    return _fmix(_rotl(h, 23) * _P2 + _P3)
+
+
+def _hash_long(bits: np.ndarray, seed: np.ndarray) -> np.ndarray:
+    """Spark's XXH64.hashLong: `bits` are the long's 64 bits."""
+    h = seed + _P5 + _U64(8)
+    h = h ^ (_rotl(bits * _P2, 31) * _P1)
+    return _fmix(_rotl(h, 27) * _P1 + _P4)
+
+
+def spark_xxhash64(seed: int, columns: list[pa.ChunkedArray | pa.Array], rows: int) -> np.ndarray:
+    """Spark SQL's `xxhash64(lit(seed), *columns)` for every row, bit for bit (int64).
+
+    Columns are Arrow integer or float columns (`_HASHED_TYPES`); a null leaves the hash as
+    it is, as in Spark. `lit(seed)` is an int literal when the seed fits 32 bits, as PySpark
+    makes it. The test suite checks this against Spark itself.
+    """
+    with np.errstate(over="ignore"):
+        h = np.full(rows, _SPARK_HASH_SEED, dtype=_U64)
+        if -(2**31) <= seed < 2**31:
+            h = _hash_int(np.full(rows, seed & 0xFFFFFFFF, dtype=_U64), h)
+        else:
+            h = _hash_long(np.full(rows, seed & 0xFFFFFFFFFFFFFFFF, dtype=_U64), h)
+        for column in columns:
+            kind = str(column.type)
+            if kind not in _HASHED_TYPES:
+                raise TypeError(f"no Spark hash for Arrow type {kind}")
+            valid = np.asarray(column.is_valid().to_numpy(zero_copy_only=False), dtype=bool)
+            if kind in ("float", "double"):
+                wide = kind == "double"
+                values = np.asarray(
+                    column.to_numpy(zero_copy_only=False), np.float64 if wide else np.float32
+                )
+                values = np.where(values == 0, values.dtype.type(0), values)  # -0.0 -> 0.0
+                values = np.where(np.isnan(values), values.dtype.type(np.nan), values)
+                bits = values.view(np.uint64 if wide else np.uint32).astype(_U64)
+                new = _hash_long(bits, h) if wide else _hash_int(bits, h)
+            else:
+                values = np.asarray(column.fill_null(0).to_numpy(zero_copy_only=False))
+                if kind in _INT32_TYPES:
+                    new = _hash_int(values.astype(np.int32).view(np.uint32).astype(_U64), h)
+                else:
+                    new = _hash_long(values.astype(np.int64).view(_U64), h)
+            h = np.where(valid, new, h)
+    return h.view(np.int64)
+
+
+def _arrow_readable(files: list[Path], cfg: TrainConfig) -> tuple[list[str], bool] | None:
+    """(feature columns, label_is_integral) when the Parquet `files` can be prepared without
+    Spark: one schema in every file, the columns present and of a type `spark_xxhash64`
+    covers. None otherwise: the Spark paths then read the set and report any problem."""
+    import pyarrow.parquet as pq
+
+    schemas = [pq.read_schema(f) for f in files]
+    if not schemas or any(not s.equals(schemas[0]) for s in schemas[1:]):
+        return None
+    types = {f.name: str(f.type) for f in schemas[0]}
+    if len(types) != len(schemas[0]):  # duplicate column names
+        return None
+    wanted = cfg.feature_list() or [c for c in schemas[0].names if c != cfg.label_col]
+    if not wanted or any(types.get(c) not in _HASHED_TYPES for c in [*wanted, cfg.label_col]):
+        return None
+    return wanted, types[cfg.label_col] not in ("float", "double")
+
+
+def _arrow_table(files: list[Path], cfg: TrainConfig, features: list[str], uri: str) -> pa.Table:
+    """The driver path's table (`_f<i>` as double, `_label`, `_val`, `_shard`), read with
+    pyarrow and split with Spark's hash: the same table the driver path's Spark job makes."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    cols = [*features, cfg.label_col]
+    try:
+        table = pa.concat_tables([pq.read_table(f, columns=cols) for f in files])
+    except Exception as exc:  # unreadable after the footer check, or vanished
+        raise DataError(f"cannot read data at {uri!r}: {str(exc).splitlines()[0]}") from exc
+    n = table.num_rows
+    hashed = [table.column(c) for c in cols]
+    is_val = np.mod(spark_xxhash64(cfg.seed, hashed, n), 1_000_000) < int(
+        cfg.val_fraction * 1_000_000
+    )
+    shard = np.mod(spark_xxhash64(cfg.seed + 1, hashed, n), cfg.workers).astype(np.int32)
+    out = {f"_f{i}": table.column(c).cast(pa.float64()) for i, c in enumerate(features)}
+    return pa.table(
+        {
+            **out,
+            "_label": table.column(cfg.label_col),
+            "_val": pa.array(is_val),
+            "_shard": pa.array(shard),
+        }
+    )
+
+
+# ---------------------------------------------------------------------------------------------
 # Validation, normalisation, split, shards
 
 
@@ -277,40 +427,57 @@ def _check_schema(df: DataFrame, cfg: TrainConfig) -> tuple[list[str], bool]:
 
 
 def prepare(
-    spark: SparkSession,
+    session: Callable[[], SparkSession],
     cfg: TrainConfig,
     data_root: Path,
     before_distributed: Callable[[], None] | None = None,
 ) -> DataInfo:
     """Run the data stage; write train shards (one per worker) and the validation set.
 
-    `before_distributed` runs before the distributed path's first job (not for small inputs).
+    `session` gives the Spark session, called only when the data stage needs Spark SQL (not
+    for a small local Parquet set). `before_distributed` runs before the distributed path's
+    first job (not for small inputs).
     """
-    from pyspark.sql import functions as F  # noqa: N812 (the PySpark idiom)
-
     start = time.perf_counter()
     uri, fmt = resolve_source(cfg, data_root)
     if cfg.data != DIGITS and _is_local(uri):
         check_files(_local_path(uri), fmt)
     phases = {"data_source": time.perf_counter() - start}
+    train_dir, val_dir = data_root / "train", data_root / "val"
+    files = _small_parquet_files(uri, fmt, cfg)
+    readable = _arrow_readable(files, cfg) if files else None
+    if files and readable:
+        # A small local Parquet set: pyarrow reads it and numpy splits it with Spark's own
+        # hash, so the job never starts Spark SQL for it (seconds of Catalyst start-up and a
+        # first job of cold executors, for a few thousand rows).
+        features, label_integral = readable
+        mark = time.perf_counter()
+        table = _arrow_table(files, cfg, features, uri)
+        phases["data_arrow_read"] = time.perf_counter() - mark
+        return _prepare_small(
+            table, cfg, features, label_integral, train_dir, val_dir, start, "arrow", phases
+        )
+
+    from pyspark.sql import functions as F  # noqa: N812 (the PySpark idiom)
+
     mark = time.perf_counter()
-    df = read_source(spark, uri, fmt)
+    df = read_source(session(), uri, fmt)
     features, label_integral = _check_schema(df, cfg)
     size = _estimated_bytes(df)
     phases["data_read_schema"] = time.perf_counter() - mark
     label = F.col(cfg.label_col)
     all_cols = [F.col(c) for c in [*features, cfg.label_col]]
     # Content hash => the split and shard of a row do not depend on file layout or partitions.
+    # (`spark_xxhash64` reproduces both expressions for the "arrow" path.)
     is_val = F.pmod(F.xxhash64(F.lit(cfg.seed), *all_cols), F.lit(1_000_000)) < F.lit(
         int(cfg.val_fraction * 1_000_000)
     )
     shard = F.pmod(F.xxhash64(F.lit(cfg.seed + 1), *all_cols), F.lit(cfg.workers))
-    train_dir, val_dir = data_root / "train", data_root / "val"
     if cfg.local_prep_mb and size is not None and size <= cfg.local_prep_mb * 1024**2:
-        # A small set: Spark still reads it and computes the split and shard of every row (the
-        # same expressions as below), in one job; the rest is numpy in the driver. This skips
-        # the aggregation job and the two partitioned writes, which cost seconds of
-        # scheduling and code generation each for a few thousand rows.
+        # Another small set (CSV, a partitioned directory, types the arrow path leaves to
+        # Spark): Spark reads it and computes the split and shard of every row (the same
+        # expressions as below), in one job; the rest is numpy in the driver. This skips the
+        # aggregation job and the two partitioned writes.
         mark = time.perf_counter()
         table = _collect(
             df.select(
@@ -322,22 +489,8 @@ def prepare(
             uri,
         )
         phases["data_spark_read"] = time.perf_counter() - mark
-        mark = time.perf_counter()
-        shard_rows, val_rows = _prepare_in_driver(
-            table, cfg, features, label_integral, train_dir, val_dir
-        )
-        phases["data_driver_prepare"] = time.perf_counter() - mark
-        return _finish(
-            cfg,
-            features,
-            train_dir,
-            val_dir,
-            shard_rows,
-            val_rows,
-            table.num_rows,
-            start,
-            "driver",
-            phases,
+        return _prepare_small(
+            table, cfg, features, label_integral, train_dir, val_dir, start, "driver", phases
         )
 
     if before_distributed:
@@ -408,6 +561,56 @@ def prepare(
         int(stats["rows"]),
         start,
         "spark",
+        phases,
+    )
+
+
+def _small_parquet_files(uri: str, fmt: str, cfg: TrainConfig) -> list[Path] | None:
+    """The files of a local Parquet set small enough for the "arrow" path (a file, or a
+    directory of `.parquet` files with no subdirectories, whose partition columns only Spark
+    would add), up to local_prep_mb in all; None for any other set."""
+    if not cfg.local_prep_mb or fmt != "parquet" or not _is_local(uri):
+        return None
+    path = _local_path(uri)
+    if path.is_file():
+        files = [path]
+    else:
+        visible = [p for p in path.iterdir() if not p.name.startswith(("_", "."))]
+        if not visible or any(not p.is_file() or p.suffix != ".parquet" for p in visible):
+            return None
+        files = sorted(visible)
+    if sum(f.stat().st_size for f in files) > cfg.local_prep_mb * 1024**2:
+        return None
+    return files
+
+
+def _prepare_small(
+    table: Any,
+    cfg: TrainConfig,
+    features: list[str],
+    label_integral: bool,
+    train_dir: Path,
+    val_dir: Path,
+    start: float,
+    path: str,
+    phases: dict[str, float],
+) -> DataInfo:
+    """The small-set paths' end: checks, scaling and shard files in the driver."""
+    mark = time.perf_counter()
+    shard_rows, val_rows = _prepare_in_driver(
+        table, cfg, features, label_integral, train_dir, val_dir
+    )
+    phases["data_driver_prepare"] = time.perf_counter() - mark
+    return _finish(
+        cfg,
+        features,
+        train_dir,
+        val_dir,
+        shard_rows,
+        val_rows,
+        table.num_rows,
+        start,
+        path,
         phases,
     )
 

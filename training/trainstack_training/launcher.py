@@ -1,4 +1,4 @@
-"""Launch the job on Spark: session, data stage, barrier stage with one task per TF worker.
+"""Launch the job on Spark: context, data stage, barrier stage with one task per TF worker.
 
 The barrier stage is the mechanism of spark-tensorflow-distributor, written for current Spark
 and TensorFlow: each task picks a free port, the tasks exchange host:port with
@@ -26,6 +26,7 @@ from trainstack_training.data import DataInfo, prepare
 from trainstack_training.train import EPOCH_LOG
 
 if TYPE_CHECKING:
+    from pyspark import SparkContext
     from pyspark.sql import SparkSession
 
 ATTEMPTS_LOG = "attempts.log"
@@ -46,48 +47,101 @@ def effective_master(cfg: TrainConfig) -> str:
     return f"local[{m.group(1)},{cfg.max_attempts}]" if m else cfg.master
 
 
-def build_session(cfg: TrainConfig) -> SparkSession:
-    from pyspark.sql import SparkSession
+def build_context(cfg: TrainConfig) -> SparkContext:
+    """The job's SparkContext: all the barrier stage needs. Spark SQL (`build_session`) starts
+    only when the data stage needs it."""
+    from pyspark import SparkConf, SparkContext
 
     master = effective_master(cfg)
-    builder = (
-        SparkSession.builder.master(master)
-        .appName(cfg.app_name)
+    conf = (
+        SparkConf()
+        .setMaster(master)
+        .setAppName(cfg.app_name)
         # TF sets up its collectives once per process: a reused Python worker would hang in a
         # second barrier job. Fresh workers also make TF_CONFIG-before-import hold.
-        .config("spark.python.worker.reuse", "false")
-        .config("spark.task.cpus", str(cfg.cores_per_worker))
+        .set("spark.python.worker.reuse", "false")
+        .set("spark.task.cpus", str(cfg.cores_per_worker))
         # Fail fast (not after the default 10 minutes) when the barrier stage cannot get one
         # slot per worker: check every second, give up after slot_wait_seconds checks.
-        .config("spark.scheduler.barrier.maxConcurrentTasksCheck.interval", "1s")
-        .config(
+        .set("spark.scheduler.barrier.maxConcurrentTasksCheck.interval", "1s")
+        .set(
             "spark.scheduler.barrier.maxConcurrentTasksCheck.maxFailures",
             str(cfg.slot_wait_seconds),
         )
-        .config("spark.stage.maxConsecutiveAttempts", str(cfg.max_attempts))
-        .config("spark.task.maxFailures", str(cfg.max_attempts))
-        .config("spark.ui.showConsoleProgress", "false")
+        .set("spark.stage.maxConsecutiveAttempts", str(cfg.max_attempts))
+        .set("spark.task.maxFailures", str(cfg.max_attempts))
+        .set("spark.ui.showConsoleProgress", "false")
     )
     if master.startswith("local"):
         # One machine: the executors are this process's children, so use this interpreter.
-        builder = builder.config("spark.pyspark.python", sys.executable)
-        builder = builder.config("spark.pyspark.driver.python", sys.executable)
-        builder = builder.config("spark.ui.enabled", "false")
+        conf.set("spark.pyspark.python", sys.executable)
+        conf.set("spark.pyspark.driver.python", sys.executable)
+        conf.set("spark.ui.enabled", "false")
     for key, value in cfg.spark_settings().items():
-        builder = builder.config(key, value)
-    spark = builder.getOrCreate()
-    spark.sparkContext.setLogLevel("ERROR")
-    return spark
+        conf.set(key, value)
+    sc = SparkContext.getOrCreate(conf)
+    sc.setLogLevel("ERROR")
+    return sc
 
 
-def check_slots(spark: SparkSession, cfg: TrainConfig) -> None:
+def build_session(cfg: TrainConfig) -> SparkSession:
+    """A Spark SQL session on the job's context (`build_context`)."""
+    from pyspark.sql import SparkSession
+
+    build_context(cfg)
+    return SparkSession.builder.getOrCreate()
+
+
+# How long the job waits for its first executor, as Spark's barrier scheduling waits by
+# default (15 s x 40 checks). A standby master that has just taken over schedules nothing
+# until its recovery ends (`spark.worker.timeout`, 60 s by default).
+FIRST_EXECUTOR_WAIT_SECONDS = 600
+
+
+def wait_for_slots(sc: SparkContext, cfg: TrainConfig) -> None:
+    """Wait until the executors give one slot per worker. The executors start while the
+    data stage runs; waiting here keeps their start-up out of the training stage's time.
+
+    Once some executors are there, wait as Spark itself waits for resources before it
+    schedules (`spark.scheduler.maxRegisteredResourcesWaitingTime`, from the context's
+    start); while there are none, up to FIRST_EXECUTOR_WAIT_SECONDS. A cluster that never has
+    the slots is left to the barrier stage's own check, which fails with a ClusterError."""
+    if effective_master(cfg).startswith("local"):
+        return
+    jsc = sc._jsc.sc()  # no Python API for the slot count
+    try:
+        profile = jsc.resourceProfileManager().defaultResourceProfile()
+        started = jsc.startTime() / 1000
+        registered_wait = (
+            jsc.conf().getTimeAsMs("spark.scheduler.maxRegisteredResourcesWaitingTime", "30s")
+            / 1000
+        )
+        told = 0
+        while (slots := jsc.maxNumConcurrentTasks(profile)) < cfg.workers:
+            waited = time.time() - started
+            if waited >= (registered_wait if slots else FIRST_EXECUTOR_WAIT_SECONDS):
+                return
+            if waited >= told + 15:  # as Spark's "Initial job has not accepted any resources"
+                told = int(waited)
+                print(
+                    f"waiting for executors: {slots} of {cfg.workers} task slots after "
+                    f"{told} s (check the Spark master's UI for workers and free cores)",
+                    file=sys.stderr,
+                    flush=True,
+                )
+            time.sleep(0.2)
+    except Exception:  # an internal API changed: the barrier check still holds
+        return
+
+
+def check_slots(sc: SparkContext, cfg: TrainConfig) -> None:
     """A no-op barrier job with one task per worker: fails within slot_wait_seconds when the
     cluster lacks free slots, before any data is read."""
 
     def noop(it: Iterable[int]) -> Iterator[int]:
         yield sum(1 for _ in it)
 
-    rdd = spark.sparkContext.parallelize(range(cfg.workers), cfg.workers)
+    rdd = sc.parallelize(range(cfg.workers), cfg.workers)
     try:
         rdd.barrier().mapPartitions(noop).collect()
     except Exception as exc:
@@ -159,9 +213,9 @@ def barrier_task(cfg_json: str, info_json: str) -> Any:
     return run
 
 
-def run_barrier(spark: SparkSession, cfg: TrainConfig, info: DataInfo) -> list[dict[str, Any]]:
+def run_barrier(sc: SparkContext, cfg: TrainConfig, info: DataInfo) -> list[dict[str, Any]]:
     cfg_json = json.dumps(cfg.to_dict())
-    rdd = spark.sparkContext.parallelize(range(cfg.workers), cfg.workers)
+    rdd = sc.parallelize(range(cfg.workers), cfg.workers)
     # Spark retries a failed barrier stage only if it is a shuffle map stage ("Could not
     # recover from a failed barrier ResultStage" otherwise): a shuffle after it makes it one.
     stage = rdd.barrier().mapPartitions(barrier_task(cfg_json, info.to_json()))
@@ -200,28 +254,37 @@ def run(cfg: TrainConfig) -> dict[str, Any]:
         os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     start = time.perf_counter()
     phases: dict[str, float] = {}
-    spark = build_session(cfg)
-    phases["spark_session"] = time.perf_counter() - start
+    sc = build_context(cfg)
+    phases["spark_context"] = time.perf_counter() - start
     try:
+
+        def session() -> SparkSession:
+            mark = time.perf_counter()
+            spark = build_session(cfg)
+            phases["spark_sql_session"] = time.perf_counter() - mark
+            return spark
 
         def slot_check() -> None:
             mark = time.perf_counter()
-            check_slots(spark, cfg)
+            check_slots(sc, cfg)
             phases["slot_check"] = time.perf_counter() - mark
 
         # Before a distributed data stage, a separate barrier job fails fast when slots are
-        # missing, before any data is read. A small input (prepared in the driver after one
-        # read job) skips it: the training stage's own slot check fails just as fast.
-        info = prepare(spark, cfg, out / "data", before_distributed=slot_check)
+        # missing, before any data is read. A small input skips it: the training stage's own
+        # slot check fails just as fast.
+        info = prepare(session, cfg, out / "data", before_distributed=slot_check)
+        mark = time.perf_counter()
+        wait_for_slots(sc, cfg)
+        phases["spark_executors"] = time.perf_counter() - mark
         train_start = time.perf_counter()
         barrier_started = time.time()
-        results = run_barrier(spark, cfg, info)
+        results = run_barrier(sc, cfg, info)
         train_seconds = time.perf_counter() - train_start
         for r in results:  # when each task's Python started, from the barrier stage's start
             r["timings"]["task_launch"] = r["timings"].pop("task_start_at") - barrier_started
     finally:
         mark = time.perf_counter()
-        spark.stop()
+        sc.stop()
         phases["spark_stop"] = time.perf_counter() - mark
     if not _has_backup(out):
         # BackupAndRestore deletes its checkpoints on success but leaves the empty directories.
