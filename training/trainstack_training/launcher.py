@@ -100,7 +100,8 @@ FIRST_EXECUTOR_WAIT_SECONDS = 600
 
 def wait_for_slots(sc: SparkContext, cfg: TrainConfig) -> None:
     """Wait until the executors give one slot per worker. The executors start while the
-    data stage runs; waiting here keeps their start-up out of the training stage's time.
+    data stage runs; waiting here keeps their registration out of the training stage's time
+    (their first task's start-up is still in it).
 
     Once some executors are there, wait as Spark itself waits for resources before it
     schedules (`spark.scheduler.maxRegisteredResourcesWaitingTime`, from the context's
