@@ -12,6 +12,7 @@ import pytest
 from trainstack_training import launcher
 from trainstack_training.config import TrainConfig
 from trainstack_training.launcher import wait_for_slots
+from trainstack_training.report import SPLIT_PARTS, time_split
 
 from .conftest import run_cli
 
@@ -56,6 +57,16 @@ def test_two_workers_reach_090_and_write_results(two_workers: dict[str, Any]) ->
     assert "spark_sql_session" not in metrics["job_phases"]  # the digits never start Spark SQL
     for t in metrics["worker_timings"]:
         assert t["import_tf"] > 0 and t["train_steps"] > 0 and t["fit"] >= t["train_steps"]
+    # the job's wall time, split into parts that add up to it; the summary carries it
+    split = metrics["time_split"]
+    assert list(split) == list(SPLIT_PARTS) and min(split.values()) >= 0, split
+    assert sum(split.values()) == pytest.approx(metrics["total_seconds"], abs=0.01), split
+    assert split["training"] == pytest.approx(
+        max(t["fit"] for t in metrics["worker_timings"]), rel=0.5
+    )
+    assert split["tensorflow_startup"] >= min(t["import_tf"] for t in metrics["worker_timings"])
+    assert s["time_split"] == split and s["training_share"] == metrics["training_share"]
+    assert metrics["training_share"] == round(split["training"] / metrics["total_seconds"], 3)
     # only the chief's model is kept; the other worker's temporary copy is gone
     assert [p.name for p in Path(s["model_path"]).parent.glob("*.keras")] == ["model.keras"]
 
@@ -217,3 +228,36 @@ def test_no_executor_yet_is_waited_for_longer(monkeypatch: pytest.MonkeyPatch) -
     start = time.perf_counter()
     wait_for_slots(cluster, TrainConfig(**_CLUSTER_CFG))  # type: ignore[arg-type]
     assert 2.3 < time.perf_counter() - start < 7  # not the 0.5 s of Spark's wait
+
+
+def test_time_split_follows_the_last_worker_and_adds_up() -> None:
+    fast = {
+        "task_launch": 1.0,
+        "import_tf": 2.0,
+        "fit": 3.0,
+        "save_model": 0.1,
+        "worker_total": 5.5,
+    }
+    slow = {
+        **{"task_launch": 2.0, "import_tf": 3.0, "strategy_setup": 0.5},
+        **{"load_shards": 0.2, "build_model": 0.3, "fit": 4.0, "save_model": 1.0},
+        "worker_total": 9.0,
+    }
+    split = time_split(30.0, 12.0, 2.0, 16.0, [fast, slow])
+    assert split == {
+        "spark_startup": 12.0,  # 10 s before the stage (12 less 2 of data) + 2 s of task launch
+        "data": 2.0,
+        "tensorflow_startup": 4.0,
+        "training": 4.0,
+        "finish": 3.0,  # 1 s of model save + 2 s after the stage
+        "other": 5.0,  # the rest of the stage
+    }
+
+
+def test_time_split_never_exceeds_the_stage() -> None:
+    # A worker clock ahead of the driver's: the timings add up to more than the stage.
+    timings = [{"task_launch": 5.0, "import_tf": 8.0, "fit": 10.0, "worker_total": 20.0}]
+    split = time_split(25.0, 5.0, 1.0, 15.0, timings)
+    assert split["training"] == 2.0 and split["other"] == 0.0
+    assert sum(split.values()) == pytest.approx(25.0)
+    assert time_split(10.0, 4.0, 9.0, 5.0, [])["data"] == 4.0  # data cut to the time before

@@ -238,7 +238,7 @@ def run_barrier(sc: SparkContext, cfg: TrainConfig, info: DataInfo) -> list[dict
 
 def run(cfg: TrainConfig) -> dict[str, Any]:
     """The whole job: returns the metrics dict (also written to <output>/metrics.json)."""
-    from trainstack_training.report import build_metrics, write_outputs
+    from trainstack_training.report import build_metrics, time_split, write_outputs
 
     cfg.validate()
     out = Path(cfg.output).resolve()
@@ -278,6 +278,7 @@ def run(cfg: TrainConfig) -> dict[str, Any]:
         wait_for_slots(sc, cfg)
         phases["spark_executors"] = time.perf_counter() - mark
         train_start = time.perf_counter()
+        before_barrier = train_start - start
         barrier_started = time.time()
         results = run_barrier(sc, cfg, info)
         train_seconds = time.perf_counter() - train_start
@@ -296,6 +297,18 @@ def run(cfg: TrainConfig) -> dict[str, Any]:
     phases["report"] = time.perf_counter() - mark
     metrics["total_seconds"] = time.perf_counter() - start
     metrics["job_phases"] = {**phases, **info.phases}
+    # The data stage's own work: its time less the Spark start-up done inside it.
+    data_work = info.seconds - phases.get("spark_sql_session", 0.0) - phases.get("slot_check", 0.0)
+    metrics["time_split"] = time_split(
+        metrics["total_seconds"],
+        before_barrier,
+        data_work,
+        train_seconds,
+        metrics["worker_timings"],
+    )
+    metrics["training_share"] = round(
+        metrics["time_split"]["training"] / metrics["total_seconds"], 3
+    )
     write_outputs(metrics, out, plot=False)  # with the report's own time
     return metrics
 

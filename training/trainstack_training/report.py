@@ -78,6 +78,62 @@ def build_metrics(
     }
 
 
+# The parts of a job's wall time (`time_split`), in the order a job goes through them.
+SPLIT_PARTS = (
+    "spark_startup",  # context, SQL session, executors, slot check, the barrier tasks' launch
+    "data",  # the data stage's own work
+    "tensorflow_startup",  # TensorFlow import, the strategy's collective set-up, shards, model
+    "training",  # model.fit: the epochs, validation and per-epoch checkpoints
+    "finish",  # the model's save, Spark's stop, the report
+    "other",  # the rest of the barrier stage: earlier attempts, waiting for results
+)
+
+
+def time_split(
+    total: float,
+    before_barrier: float,
+    data: float,
+    barrier: float,
+    worker_timings: list[dict[str, float]],
+) -> dict[str, float]:
+    """Where a job's wall time went: SPLIT_PARTS, in seconds, adding up to `total`.
+
+    `before_barrier` is everything before the barrier stage, of which `data` was the data
+    stage's own work; `barrier` the barrier stage's wall time (`train_seconds`). Inside the
+    barrier stage the parts are those of the worker that finished last (the critical path),
+    each cut to what is left of the stage, so that clock differences between nodes cannot
+    make the parts add up to more than the stage."""
+    data = min(max(data, 0.0), before_barrier)
+    split = dict.fromkeys(SPLIT_PARTS, 0.0)
+    split["spark_startup"] = before_barrier - data
+    split["data"] = data
+    if worker_timings:
+        last = max(
+            worker_timings, key=lambda t: t.get("task_launch", 0.0) + t.get("worker_total", 0.0)
+        )
+        left = barrier
+        for part, value in (
+            ("spark_startup", last.get("task_launch", 0.0)),
+            (
+                "tensorflow_startup",
+                sum(
+                    last.get(k, 0.0)
+                    for k in ("import_tf", "strategy_setup", "load_shards", "build_model")
+                ),
+            ),
+            ("training", last.get("fit", 0.0)),
+            ("finish", last.get("save_model", 0.0)),
+        ):
+            taken = min(max(value, 0.0), left)
+            split[part] += taken
+            left -= taken
+        split["other"] = left
+    else:
+        split["other"] = barrier
+    split["finish"] += total - before_barrier - barrier
+    return {k: round(v, 3) for k, v in split.items()}
+
+
 def write_outputs(metrics: dict[str, Any], out: Path, plot: bool = True) -> None:
     (out / METRICS_FILE).write_text(json.dumps(metrics, indent=2) + "\n")
     if plot:
@@ -121,9 +177,11 @@ def summary(metrics: dict[str, Any]) -> dict[str, Any]:
         "data_seconds",
         "train_seconds",
         "total_seconds",
+        "time_split",
+        "training_share",
         "model_path",
         "metrics_path",
         "plot_path",
     )
     # "accuracy" is the final validation accuracy (the number callers compare runs by).
-    return {"accuracy": metrics["final_val_accuracy"], **{k: metrics[k] for k in keys}}
+    return {"accuracy": metrics["final_val_accuracy"], **{k: metrics.get(k) for k in keys}}
