@@ -322,3 +322,24 @@ def test_worker_environment_is_set_before_tensorflow(tmp_path: Path) -> None:
     assert (task_id, legacy, intra, ncpu) == (1, "1", 1, 1)
     assert keras_name.startswith("tf_keras"), keras_name
     assert lines[2].startswith("refused: TensorFlow is already imported")
+
+
+def test_input_pipelines_keep_their_shard_and_skip_autotuning() -> None:
+    import subprocess
+    import sys
+
+    code = (
+        "import json\n"
+        "from trainstack_training.train import import_tensorflow, input_options\n"
+        "tf = import_tensorflow(1)\n"
+        "o = input_options(tf)\n"
+        "print(json.dumps([o.autotune.enabled, o.experimental_distribute.auto_shard_policy "
+        "== tf.data.experimental.AutoShardPolicy.OFF]))\n"
+        "ds = tf.data.Dataset.range(4).with_options(o)\n"
+        "print(json.dumps([ds.options().autotune.enabled, [int(x) for x in ds]]))\n"
+    )
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    lines = proc.stdout.strip().splitlines()
+    assert json.loads(lines[-2]) == [False, True]
+    assert json.loads(lines[-1]) == [False, [0, 1, 2, 3]]
