@@ -184,4 +184,4 @@ def summary(metrics: dict[str, Any]) -> dict[str, Any]:
         "plot_path",
     )
     # "accuracy" is the final validation accuracy (the number callers compare runs by).
-    return {"accuracy": metrics["final_val_accuracy"], **{k: metrics.get(k) for k in keys}}
+    return {"accuracy": metrics["final_val_accuracy"], **{k: metrics[k] for k in keys}}
