@@ -6,7 +6,7 @@ PYTEST_ARGS ?=
 ENV := eval "$$(scripts/env.sh)"
 SETUP := scripts/setup.sh
 
-.PHONY: help setup env up preview outputs destroy test unit drills test-ssh lint format bench lock clean-tools images clean-images
+.PHONY: help setup env up preview outputs destroy test unit drills test-ssh lint format bench lock clean-tools images clean-images clean-test-stacks
 
 help: ## List the targets.
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-12s %s\n", $$1, $$2}'
@@ -34,6 +34,9 @@ images: setup ## Bake the node image trainstack-node:<digest> (no stack needed; 
 
 clean-images: setup ## Remove node images of other digests than the current one.
 	@$(ENV); python -m infra.images clean
+
+clean-test-stacks: setup ## Remove what killed test runs left on the engine (test labels only; never the dev stack).
+	@$(ENV); python -m tests.leftovers
 
 test: setup lint ## The whole test suite: lint, unit, engine, images, provisioning, training, e2e, monitoring, security, drills, ssh, newcomer.
 	@$(ENV); pytest --durations=30 $(PYTEST_ARGS)

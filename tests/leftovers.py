@@ -1,0 +1,69 @@
+"""Remove what an interrupted test run left on the Docker engine.
+
+A test stack's state lives in the run's pytest temp directory, so a run that is killed
+(a lost session, a CI timeout) leaves its containers, networks and volumes behind with
+nothing to destroy them. Their containers restart with the engine and hold the node image,
+which the next run's newcomer test must remove to bake it afresh.
+
+Only test objects are touched: the test-only labels, and Pulumi stacks whose label is a
+test stack's (`ts<module>-t<6 hex>`, see `tests/pulumi_cli.Stack`). The README's dev stack
+(`trainstack-dev`) and any stack a user names otherwise are left alone.
+
+    python -m tests.leftovers         # what `.ci/run` does before the tests
+"""
+
+from __future__ import annotations
+
+import re
+import sys
+
+import docker
+
+from tests.provisioning.cluster import LABEL as LABEL_CLUSTER
+from tests.pulumi_cli import LABEL_STACK
+from tests.sshd_servers import LABEL as LABEL_SSHD
+
+TEST_STACK = re.compile(r"^ts[a-z]+-t[0-9a-f]{6}$")
+
+
+def is_test_object(labels: dict[str, str] | None) -> bool:
+    labels = labels or {}
+    if LABEL_CLUSTER in labels or LABEL_SSHD in labels:
+        return True
+    return bool(TEST_STACK.match(labels.get(LABEL_STACK, "")))
+
+
+def remove_test_leftovers(client: docker.DockerClient) -> list[str]:
+    """Remove test containers, then their networks and volumes; returns what was removed."""
+    removed: list[str] = []
+    for container in client.containers.list(all=True):
+        if is_test_object(container.labels):
+            container.remove(force=True)
+            removed.append(f"container {container.name}")
+    for network in client.networks.list():
+        if is_test_object(network.attrs.get("Labels")):
+            network.remove()
+            removed.append(f"network {network.name}")
+    for volume in client.volumes.list():
+        if is_test_object(volume.attrs.get("Labels")):
+            volume.remove(force=True)
+            removed.append(f"volume {volume.name}")
+    return removed
+
+
+def main() -> int:
+    try:
+        client = docker.from_env()
+        client.ping()
+    except Exception as exc:
+        print(f"leftovers: the Docker engine does not answer ({exc}); run `make setup` first")
+        return 1
+    removed = remove_test_leftovers(client)
+    for item in removed:
+        print(f"leftovers: removed {item}")
+    print(f"leftovers: {len(removed)} test object(s) from interrupted runs removed")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
