@@ -20,45 +20,27 @@ import sys
 import docker
 
 from tests.provisioning.cluster import LABEL as LABEL_CLUSTER
-from tests.pulumi_cli import LABEL_STACK
+from tests.pulumi_cli import LABEL_STACK, remove_engine_objects
 from tests.sshd_servers import LABEL as LABEL_SSHD
 
 TEST_STACK = re.compile(r"^ts[a-z]+-t[0-9a-f]{6}$")
 
 
 def is_test_object(labels: dict[str, str] | None) -> bool:
+    """Whether an engine object's labels are a test's."""
     labels = labels or {}
     if LABEL_CLUSTER in labels or LABEL_SSHD in labels:
         return True
     return bool(TEST_STACK.match(labels.get(LABEL_STACK, "")))
 
 
-def remove_test_leftovers(client: docker.DockerClient) -> list[str]:
-    """Remove test containers, then their networks and volumes; returns what was removed."""
-    removed: list[str] = []
-    for container in client.containers.list(all=True):
-        if is_test_object(container.labels):
-            container.remove(force=True)
-            removed.append(f"container {container.name}")
-    for network in client.networks.list():
-        if is_test_object(network.attrs.get("Labels")):
-            network.remove()
-            removed.append(f"network {network.name}")
-    for volume in client.volumes.list():
-        if is_test_object(volume.attrs.get("Labels")):
-            volume.remove(force=True)
-            removed.append(f"volume {volume.name}")
-    return removed
-
-
 def main() -> int:
     try:
-        client = docker.from_env()
-        client.ping()
+        docker.from_env().ping()
     except Exception as exc:
         print(f"leftovers: the Docker engine does not answer ({exc}); run `make setup` first")
         return 1
-    removed = remove_test_leftovers(client)
+    removed = remove_engine_objects({}, is_test_object)
     for item in removed:
         print(f"leftovers: removed {item}")
     print(f"leftovers: {len(removed)} test object(s) from interrupted runs removed")

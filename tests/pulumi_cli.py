@@ -10,6 +10,7 @@ import subprocess
 import threading
 import time
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -95,14 +96,29 @@ class Stack:
 
 def remove_leftovers(label: str) -> None:
     """Whatever a failed test left on the engine under this stack's label."""
+    remove_engine_objects({"label": f"{LABEL_STACK}={label}"})
+
+
+def remove_engine_objects(
+    filters: dict[str, str], matches: Callable[[dict[str, str]], bool] = lambda labels: True
+) -> list[str]:
+    """Remove the containers, then the networks and volumes (which containers hold), that
+    Docker's `filters` select and whose labels `matches`; returns what was removed."""
     client = docker.from_env()
-    selector = {"label": f"{LABEL_STACK}={label}"}
-    for container in client.containers.list(all=True, filters=selector):
-        container.remove(force=True)
-    for network in client.networks.list(filters=selector):
-        network.remove()
-    for volume in client.volumes.list(filters=selector):
-        volume.remove(force=True)
+    removed: list[str] = []
+    for container in client.containers.list(all=True, filters=filters):
+        if matches(container.labels):
+            container.remove(force=True)
+            removed.append(f"container {container.name}")
+    for network in client.networks.list(filters=filters):
+        if matches(network.attrs.get("Labels") or {}):
+            network.remove()
+            removed.append(f"network {network.name}")
+    for volume in client.volumes.list(filters=filters):
+        if matches(volume.attrs.get("Labels") or {}):
+            volume.remove(force=True)
+            removed.append(f"volume {volume.name}")
+    return removed
 
 
 def engine_objects(label: str) -> dict[str, list[str]]:
