@@ -6,7 +6,7 @@ PYTEST_ARGS ?=
 ENV := eval "$$(scripts/env.sh)"
 SETUP := scripts/setup.sh
 
-.PHONY: help setup env up preview outputs destroy test unit drills test-ssh lint format bench lock clean-tools images clean-images clean-test-stacks
+.PHONY: help setup env up preview outputs destroy test test-fast test-engine unit drills test-ssh lint format bench lock clean-tools images clean-images clean-test-stacks
 
 help: ## List the targets.
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-12s %s\n", $$1, $$2}'
@@ -36,16 +36,21 @@ clean-images: setup ## Remove node images of other digests than the current one.
 	@$(ENV); python -m infra.images clean
 
 clean-test-stacks: setup ## Remove what killed test runs left on the engine (test labels only; never the dev stack).
-	@$(ENV); python -m tests.leftovers
+	@$(ENV); python -m tests.support.leftovers
 
-test: setup lint ## The whole test suite: lint, unit, engine, images, provisioning, training, e2e, monitoring, security, drills, ssh, newcomer.
-	@$(ENV); pytest --durations=30 $(PYTEST_ARGS)
+test-fast: setup lint ## The edit loop: lint and the unit tests (no engine), about 2 minutes.
+	@$(ENV); pytest -m unit -q $(PYTEST_ARGS)
 
-unit: setup ## Fast tests only (no engine).
+test: test-fast test-engine ## Everything, fast tiers first: lint and unit (a failure stops there), then the rest.
+
+test-engine: setup ## Every test but the unit tests: training, engine, newcomer, images, provisioning, platform, ssh.
+	@$(ENV); pytest -m "not unit" --durations=30 $(PYTEST_ARGS)
+
+unit: setup ## The unit tests only (no engine, no lint).
 	@$(ENV); pytest -m unit $(PYTEST_ARGS)
 
-drills: setup ## The failure drills on one real stack (recovery times into bench/results/drills.json).
-	@$(ENV); pytest -m drills tests/drills $(PYTEST_ARGS)
+drills: setup ## The failure drills on a real stack (recovery times into bench/results/drills.json).
+	@$(ENV); pytest -m drills tests/platform $(PYTEST_ARGS)
 
 test-ssh: setup ## The ssh target end to end on sshd containers (Debian 12 + openssh-server).
 	@$(ENV); pytest -m ssh tests/ssh $(PYTEST_ARGS)

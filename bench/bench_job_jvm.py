@@ -32,7 +32,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bench.common import emit, run_stack_job, timed
 from infra.program import DRIVER_CONF, DRIVER_MEMORY_CONF, JOB_JAVA_OPTIONS
-from tests.pulumi_cli import Stack
+from tests.support.stacks import Stack
 
 # name: (--spark-conf, extra job flags)
 SETTINGS: dict[str, tuple[str, list[str]]] = {

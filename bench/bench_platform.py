@@ -24,7 +24,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bench.common import emit, timed
-from tests.pulumi_cli import Stack
+from tests.support.stacks import Stack
 
 
 def reprovision(stack: Stack, outputs: dict) -> dict:

@@ -33,8 +33,8 @@ sys.path.insert(0, str(REPO))
 
 from infra.provisioning import run_playbook  # noqa: E402
 from infra.provisioning.wheelhouse import build_node_wheelhouse  # noqa: E402
-from tests.provisioning import cluster as cl  # noqa: E402
-from tests.provisioning.test_90_failover import measure_failover  # noqa: E402
+from tests.support import cluster as cl  # noqa: E402
+from tests.support.failover import measure_failover  # noqa: E402
 
 
 def log(msg: str) -> None:

@@ -26,7 +26,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bench.common import emit, run_stack_job, timed
 from infra.program import DRIVER_MEMORY_CONF
-from tests.pulumi_cli import Stack
+from tests.support.stacks import Stack
 
 
 def run_job(container: str, master: str, args: argparse.Namespace, crypto: bool, run: str) -> dict:

@@ -23,7 +23,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bench.common import emit, timed
-from tests.pulumi_cli import ROOT, Stack
+from tests.support.stacks import ROOT, Stack
 
 
 def measure(workers: int) -> dict:

@@ -4,7 +4,7 @@
 
 docker: the default topology (3 control nodes, 2 masters, 2 workers) from the node image
 (baked first when the engine lacks it, reported as `image_s`). ssh: four sshd servers
-(tests/sshd_servers.py: Debian 12 containers running openssh-server, one shared volume at
+(tests/support/sshd.py: Debian 12 containers running openssh-server, one shared volume at
 /srv/trainstack): 1 ZooKeeper + master + monitoring, 1 standby master, 2 workers; no image,
 so provisioning is the full install over SSH. Same epochs, data and TensorFlow workers.
 Each `up` is split into servers, provisioning and the job; a no-change `up` and `destroy`
@@ -25,7 +25,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bench.common import emit, timed
-from tests.pulumi_cli import Stack
+from tests.support.stacks import Stack
 
 SSH_ROLES = {
     "ctl-1": ["zookeeper", "spark_master", "monitoring"],
@@ -67,7 +67,7 @@ def main() -> None:
     args = parser.parse_args()
     import docker
 
-    from tests.sshd_servers import SshServers, make_key
+    from tests.support.sshd import SshServers, make_key
 
     common = {"trainEpochs": str(args.epochs), "trainWorkers": "2"}
     result: dict = {"benchmark": "targets", "epochs": args.epochs, "cpus": os.cpu_count()}

@@ -1,4 +1,10 @@
-"""Fixtures shared by the engine and end-to-end tests, and a guard on the engine's disk."""
+"""Fixtures shared by the engine and end-to-end tests, a guard on the engine's disk, the order
+the tiers run in, and each module's wall time at the end of the run."""
+
+from __future__ import annotations
+
+import time
+from collections import defaultdict
 
 import docker
 import pytest
@@ -22,7 +28,31 @@ _DISK_MARKERS = {
 }
 
 
+# The order the suite runs in, cheapest first, so a mistake shows within minutes instead of after
+# an hour (collection alone would be alphabetical). The newcomer test comes first among the
+# engine tests: its `make up` bakes this tree's node image, which every later stack reuses.
+# The platform package shares one stack and orders its own modules (tests/platform/conftest.py).
+ORDER = (
+    "tests/unit/",
+    "tests/images/test_digest.py",
+    "tests/provisioning/test_unit.py",
+    "tests/training/",
+    "tests/integration/",
+    "tests/newcomer/",
+    "tests/images/",
+    "tests/provisioning/",
+    "tests/platform/",
+    "tests/ssh/",
+)
+
+
+def tier(nodeid: str) -> int:
+    """The place of a test's module in ORDER (modules not listed run last, in their order)."""
+    return next((i for i, prefix in enumerate(ORDER) if nodeid.startswith(prefix)), len(ORDER))
+
+
 def pytest_collection_modifyitems(session, config, items):
+    items.sort(key=lambda item: tier(item.nodeid))  # stable: a module keeps its own order
     if not any(_DISK_MARKERS & {m.name for m in item.iter_markers()} for item in items):
         return
     try:
@@ -51,3 +81,24 @@ def engine():
     except Exception as exc:
         pytest.fail(f"the Docker engine does not answer ({exc}); run `make setup` first")
     return client
+
+
+# Wall time per module (setup, call and teardown of its tests, module fixtures included).
+_MODULE_SECONDS: dict[str, float] = defaultdict(float)
+_MODULE_STARTED = time.monotonic()
+
+
+def pytest_runtest_logreport(report):
+    _MODULE_SECONDS[report.nodeid.split("::")[0]] += report.duration
+
+
+def pytest_terminal_summary(terminalreporter):
+    if not _MODULE_SECONDS:
+        return
+    write = terminalreporter.write_line
+    terminalreporter.section("wall time per module")
+    for module, seconds in sorted(_MODULE_SECONDS.items(), key=lambda kv: tier(kv[0])):
+        minutes, rest = divmod(round(seconds), 60)
+        write(f"{minutes:4d}:{rest:02d}  {module}")
+    total = round(time.monotonic() - _MODULE_STARTED)
+    write(f"{total // 60:4d}:{total % 60:02d}  (the whole session, collection included)")

@@ -11,6 +11,7 @@ TensorFlow's backup instead of starting over.
 from __future__ import annotations
 
 import json
+import os
 import shlex
 import sys
 import time
@@ -37,6 +38,12 @@ NODE_ENV = {
     "PYSPARK_PYTHON": f"{NODE_VENV}/bin/python",
     "PYTHONUNBUFFERED": "1",
 }
+# TEST ONLY: when the `pulumi` process has this variable (a path on the cluster's shared
+# storage, e.g. /srv/trainstack/models/.test-hold), the job is launched with `--hold-file` and
+# every worker waits at an epoch end while that file exists (docs/training.md, "Test-only
+# hooks"). Read at launch, never stored in the resource's inputs: setting or unsetting it
+# changes no diff and launches no run.
+TEST_HOLD_FILE_ENV = "TRAINSTACK_TEST_HOLD_FILE"
 # What is copied back to the host; shards and the backup stay on the cluster's volume.
 RESULT_FILES = ("model.keras", "metrics.json", "curves.png")
 
@@ -195,6 +202,43 @@ def _stop_earlier_launches(candidates: list[Transport], run_dir: str, grace_s: i
             print(f"could not stop it: {exc}", file=sys.stderr, flush=True)
 
 
+def _test_hold_file() -> str:
+    """The TEST ONLY hold file named by TEST_HOLD_FILE_ENV in this process's environment
+    (inherited from the `pulumi` CLI), or "" when unset or blank."""
+    return os.environ.get(TEST_HOLD_FILE_ENV, "").strip()
+
+
+def _job_command(props: dict[str, Any], run_dir: str, hold_file: str = "") -> list[str]:
+    """The `trainstack-train` command line of a launch of this run; `hold_file`: see
+    TEST_HOLD_FILE_ENV ("" = no hold hook)."""
+    settings = props["settings"]
+    command = [
+        f"{NODE_VENV}/bin/trainstack-train",
+        "--master",
+        props["master_url"],
+        "--workers",
+        str(int(settings["workers"])),
+        "--epochs",
+        str(int(settings["epochs"])),
+        "--batch-size",
+        str(int(settings["batch_size"])),
+        "--data",
+        settings["data"],
+        "--rows",
+        str(int(settings["rows"])),
+        "--output",
+        run_dir,
+        "--spark-conf",
+        settings["spark_conf"],
+    ]
+    if settings.get("strategy"):  # absent in the state of runs launched before the key
+        command += ["--train-strategy", settings["strategy"]]
+        command += ["--cores-per-worker", str(int(settings.get("cores_per_worker") or 1))]
+    if hold_file:  # last: _stop_earlier_launches matches `--output <run dir>` and a space
+        command += ["--hold-file", hold_file]
+    return command
+
+
 class _TrainingJobProvider(ResourceProvider):
     serialize_as_secret_always = False
 
@@ -203,29 +247,14 @@ class _TrainingJobProvider(ResourceProvider):
         candidates = _candidates(props)
         _stop_earlier_launches(candidates, run_dir)
         node = _submitter(candidates)
-        settings = props["settings"]
-        command = [
-            f"{NODE_VENV}/bin/trainstack-train",
-            "--master",
-            props["master_url"],
-            "--workers",
-            str(int(settings["workers"])),
-            "--epochs",
-            str(int(settings["epochs"])),
-            "--batch-size",
-            str(int(settings["batch_size"])),
-            "--data",
-            settings["data"],
-            "--rows",
-            str(int(settings["rows"])),
-            "--output",
-            run_dir,
-            "--spark-conf",
-            settings["spark_conf"],
-        ]
-        if settings.get("strategy"):  # absent in the state of runs launched before the key
-            command += ["--train-strategy", settings["strategy"]]
-            command += ["--cores-per-worker", str(int(settings.get("cores_per_worker") or 1))]
+        hold_file = _test_hold_file()  # at launch, from the environment: not an input
+        if hold_file:
+            print(
+                f"TEST ONLY: {TEST_HOLD_FILE_ENV} is set: every worker waits at each epoch end "
+                f"(but the last) while {hold_file} exists on the nodes",
+                file=sys.stderr,
+            )
+        command = _job_command(props, run_dir, hold_file)
         print(f"launching on {node.name}: {shlex.join(command)}", file=sys.stderr)
         started = time.time()
         # As the daemons' user, who owns the shared storage and Spark's client config (with

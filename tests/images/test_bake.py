@@ -20,7 +20,7 @@ import yaml
 
 from infra.provisioning import run_playbook
 from infra.provisioning.inventory import Node
-from tests.provisioning import cluster as cl
+from tests.support import cluster as cl
 
 from .conftest import TEST_REPOSITORY
 

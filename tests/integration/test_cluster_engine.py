@@ -6,7 +6,7 @@ import socket
 
 import pytest
 
-from tests.pulumi_cli import Stack, engine_objects
+from tests.support.stacks import Stack, engine_objects
 
 pytestmark = pytest.mark.engine
 

@@ -7,7 +7,7 @@ import uuid
 import pytest
 
 from infra.engine import cpu_boost
-from tests.provisioning.cluster import BASE_IMAGE
+from tests.support.cluster import BASE_IMAGE
 
 pytestmark = pytest.mark.engine
 

@@ -9,7 +9,7 @@ import textwrap
 
 import pytest
 
-from tests.pulumi_cli import ROOT, project_env
+from tests.support.stacks import ROOT, project_env
 
 pytestmark = pytest.mark.engine
 

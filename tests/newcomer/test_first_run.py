@@ -18,7 +18,7 @@ from pathlib import Path
 import docker
 import pytest
 
-from tests.pulumi_cli import ROOT, engine_objects
+from tests.support.stacks import ROOT, engine_objects
 
 pytestmark = pytest.mark.newcomer
 

@@ -26,8 +26,7 @@ if str(REPO) not in sys.path:
 from infra.provisioning import run_playbook  # noqa: E402
 from infra.provisioning.inventory import split_secrets  # noqa: E402
 from infra.provisioning.wheelhouse import build_node_wheelhouse  # noqa: E402
-
-from . import cluster as cl  # noqa: E402
+from tests.support import cluster as cl  # noqa: E402
 
 WHEELHOUSE = Path(os.environ.get("TRAINSTACK_WHEELHOUSE", cl.CACHE / "wheelhouse"))
 

@@ -7,7 +7,7 @@ import re
 import docker
 import pytest
 
-from .cluster import wait_for
+from tests.support.cluster import wait_for
 
 pytestmark = pytest.mark.provisioning
 

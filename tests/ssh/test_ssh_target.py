@@ -1,4 +1,4 @@
-"""The ssh target end to end, on real sshd servers (tests/sshd_servers.py).
+"""The ssh target end to end, on real sshd servers (tests/support/sshd.py).
 
 Four Debian containers running `openssh-server` stand in for the operator's machines: a
 non-root `deploy` user with sudo, a key pair made for this module, host keys made when each
@@ -16,7 +16,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.pulumi_cli import (
+from tests.support.sshd import SshServers, make_key
+from tests.support.stacks import (
     ROOT,
     TENSORFLOW_PIDS,
     BackgroundUp,
@@ -24,7 +25,6 @@ from tests.pulumi_cli import (
     run_host_checks,
     wait_until,
 )
-from tests.sshd_servers import SshServers, make_key
 
 pytestmark = pytest.mark.ssh
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from tests.leftovers import is_test_object
+from tests.support.leftovers import is_test_object
 
 pytestmark = pytest.mark.unit
 

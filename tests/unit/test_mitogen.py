@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from infra.provisioning.runner import mitogen_env, run_playbook
-from tests.pulumi_cli import processes_naming
+from tests.support.stacks import processes_naming
 
 pytestmark = pytest.mark.unit
 

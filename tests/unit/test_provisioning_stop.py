@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.pulumi_cli import ROOT, processes_naming, wait_until
+from tests.support.stacks import ROOT, processes_naming, wait_until
 from tests.unit.test_mitogen import STUCK
 
 pytestmark = pytest.mark.unit

@@ -153,6 +153,16 @@ class TrainConfig:
     fault_kill_worker: int = field(
         default=1, metadata={"help": "TEST ONLY: index of the worker that --fault-kill-epoch kills"}
     )
+    # Test-only hold hook: at each epoch end but the last, every worker waits while this file
+    # exists (bounded), so a failure drill strikes the run at a known epoch boundary.
+    hold_file: str = field(
+        default="",
+        metadata={
+            "help": "TEST ONLY: at the end of every epoch but the last, each worker waits while "
+            "this file exists (a path every worker sees: shared storage), up to 900 s once, "
+            "after the epoch's backup and epochs.jsonl row are written (empty = off)"
+        },
+    )
 
     def feature_list(self) -> list[str]:
         return [c.strip() for c in self.feature_cols.split(",") if c.strip()]

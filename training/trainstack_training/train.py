@@ -16,6 +16,7 @@ import sys
 import tempfile
 import time
 from dataclasses import dataclass, field
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -26,6 +27,10 @@ from trainstack_training.data import DataInfo, load_arrays
 EPOCH_LOG = "epochs.jsonl"
 FAULT_MARKER = ".fault-injected"
 VAL_BATCH = 1024  # minimum validation batch
+# TEST ONLY hold hook (--hold-file): how often a held worker looks at the file again, and how
+# long it holds at most before it goes on (and holds no more in this process).
+HOLD_POLL_SECONDS = 0.2
+HOLD_LIMIT_SECONDS = 900.0
 
 
 @dataclass
@@ -156,7 +161,7 @@ def run_worker(
             info.n_features, info.n_classes, cfg.learning_rate, cfg.steps_per_execution
         )
 
-    epoch_timer, epoch_log, fault_injector = _callback_classes(tf)
+    epoch_timer, epoch_log, fault_injector, hold_point = _callback_classes(tf)
     timer = epoch_timer(steps_per_epoch)
     callbacks: list[Any] = [
         # On shared storage, so a retried barrier stage resumes from the last finished epoch.
@@ -170,6 +175,10 @@ def run_worker(
     callbacks += push_metrics.keras_callbacks(
         tf, str(out), cfg.epochs, workers, is_chief, attempt, timer, steps_per_epoch * global_batch
     )
+    if cfg.hold_file:
+        # Last, so the epoch's backup, its epochs.jsonl row and its push are done before the
+        # hold. Every worker holds: none waits inside a collective meanwhile.
+        callbacks.append(hold_point(EpochHold(cfg.hold_file, cfg.epochs, task_index, attempt)))
 
     marks["fit_start"] = time.time()
     fit_start = time.perf_counter()
@@ -259,7 +268,66 @@ def timing_breakdown(marks: dict[str, float], timer: Any, fit_seconds: float) ->
     }
 
 
-def _callback_classes(tf: Any) -> tuple[Any, Any, Any]:
+class EpochHold:
+    """TEST ONLY: hold this worker at an epoch boundary while a file exists (--hold-file).
+
+    A failure drill creates the file, waits for the run to reach an epoch end (its row in
+    epochs.jsonl), does its damage while every worker sits here, then removes the file. Plain
+    Python (no TensorFlow), so it can be tested alone; `hold_point` calls it from Keras.
+    Never holds after the last epoch (no training is left to strike there, and a forgotten
+    file must not delay the result); holds at most `limit` seconds, then warns, goes on and
+    holds no more in this process. With no file it costs one stat per epoch.
+    """
+
+    def __init__(
+        self,
+        path: str,
+        epochs: int,
+        task_index: int = 0,
+        attempt: int = 0,
+        *,
+        poll: float = HOLD_POLL_SECONDS,
+        limit: float = HOLD_LIMIT_SECONDS,
+        sleep: Callable[[float], None] = time.sleep,
+        clock: Callable[[], float] = time.monotonic,
+        say: Callable[[str], None] | None = None,
+    ) -> None:
+        self.path, self.epochs, self.task_index, self.attempt = path, epochs, task_index, attempt
+        self.poll, self.limit, self.sleep, self.clock = poll, limit, sleep, clock
+        self.say = say or (lambda line: print(line, flush=True))
+        self.active = bool(path)
+
+    def _exists(self) -> bool:
+        return os.path.exists(self.path)  # False on any OSError: never fails the run
+
+    def after_epoch(self, epoch: int) -> float:
+        """Called when epoch `epoch` (1-based, counted across resumes) has ended; returns the
+        seconds held (0.0 when not held)."""
+        if not self.active or epoch >= self.epochs or not self._exists():
+            return 0.0
+        self.say(
+            f"holding after epoch {epoch} while {self.path} exists "
+            f"(TEST ONLY hold; worker {self.task_index}, attempt {self.attempt}, "
+            f"pid {os.getpid()}; remove the file to go on)"
+        )
+        start = self.clock()
+        while self._exists():
+            held = self.clock() - start
+            if held >= self.limit:
+                self.active = False
+                self.say(
+                    f"WARNING: {self.path} still exists after {held:.0f} s of hold after epoch "
+                    f"{epoch} (worker {self.task_index}): going on, and holding no more in "
+                    "this attempt"
+                )
+                return held
+            self.sleep(self.poll)
+        held = self.clock() - start
+        self.say(f"hold released after epoch {epoch} after {held:.1f} s (worker {self.task_index})")
+        return held
+
+
+def _callback_classes(tf: Any) -> tuple[Any, Any, Any, Any]:
     """Define the Keras callbacks inside a function: TensorFlow may only be imported after
     TF_CONFIG is set, so nothing at module level may subclass its classes."""
     base = tf.keras.callbacks.Callback
@@ -339,4 +407,14 @@ def _callback_classes(tf: Any) -> tuple[Any, Any, Any]:
                 self.marker.write_text(f"killed pid {os.getpid()} in epoch {self.epoch}\n")
                 os.kill(os.getpid(), signal.SIGKILL)
 
-    return EpochTimer, EpochLog, FaultInjector
+    class HoldPoint(base):  # type: ignore[misc,valid-type]
+        """TEST ONLY: runs an EpochHold at each epoch end (see EpochHold)."""
+
+        def __init__(self, hold: EpochHold) -> None:
+            super().__init__()
+            self.hold = hold
+
+        def on_epoch_end(self, epoch: int, logs: Any = None) -> None:
+            self.hold.after_epoch(epoch + 1)
+
+    return EpochTimer, EpochLog, FaultInjector, HoldPoint

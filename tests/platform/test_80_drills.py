@@ -1,12 +1,15 @@
-"""Failure drills on one real stack: each failure a user will meet, done to the running
-platform, its outcome asserted and its recovery time written to bench/results/drills.json.
+"""Failure drills on the shared stack (tests/platform/conftest.py): each failure a user will
+meet, done to the running platform, its outcome asserted and its recovery time written to
+bench/results/drills.json.
 
-One stack for the module (3 workers, 2 TensorFlow workers, so a node can be lost and the job
-still has its two slots; monitoring off to spare the shared machine's CPU). The drills run in
-order and each leaves the stack usable for the next:
+They run after test_60_scaling, on 3 workers with 2 TensorFlow workers, so a node can be lost
+and the job still has its two slots. A drill that strikes a run in the middle first holds the
+run at its first epoch's end with the job's test-only hold file, strikes, then releases it: no
+race with a workload that must be slow enough. The drills run in order and each leaves the
+stack usable for the next:
 
-  7  a second `pulumi up` while the first one runs is refused with Pulumi's lock message
-  1  a TensorFlow worker's process is SIGKILLed mid-training (during that first `up`)
+  7  a second `pulumi up` while another runs is refused with Pulumi's lock message
+  1  a TensorFlow worker's process is SIGKILLed mid-training (during that other `up`)
   2  the ALIVE Spark master's container is killed mid-training
   6  a corrupted data set (truncated Parquet, CSV rows with the wrong number of fields)
   5  every container of the stack restarted at once
@@ -34,7 +37,7 @@ from typing import Any
 
 import pytest
 
-from tests.pulumi_cli import (
+from tests.support.stacks import (
     ROOT,
     TENSORFLOW_PIDS,
     BackgroundUp,
@@ -43,21 +46,12 @@ from tests.pulumi_cli import (
     wait_until,
 )
 
+from .conftest import CONFIG, DATA, MODELS, hold, release
+
 pytestmark = pytest.mark.drills
 
-WORKERS = 3
-CONFIG = {
-    "uiPortBase": "0",
-    "workers": str(WORKERS),
-    "trainWorkers": "2",
-    "monitoring": "false",
-    # ~50 s of training steps in 8 epochs of ~5 s: long enough to hit a run in the middle.
-    "trainRows": "50000",
-    "trainEpochs": "8",
-}
+WORKERS = 3  # test_60_scaling added the third
 REPORT = ROOT / "bench" / "results" / "drills.json"
-MODELS = "/srv/trainstack/models"
-DATA = "/srv/trainstack/data"
 MASTERS = ("control-1", "control-2")
 CONTROLS = ("control-1", "control-2", "control-3")
 
@@ -183,37 +177,46 @@ def retrain(stack: Stack, token: str) -> None:
 
 
 # --------------------------------------------------------------------------------------------
-# The stack: its first `up` runs in the background, so drills 7 and 1 hit it while it works.
+# The stack
 
 
 @pytest.fixture(scope="module")
-def drills(tmp_path_factory, engine):
-    stack = Stack(tmp_path_factory.mktemp("drills"), prefix="tsdrl")
-    first: BackgroundUp | None = None
-    try:
-        stack.init(**CONFIG)
-        first = BackgroundUp(stack)
-        yield stack, first
-    finally:
-        if first is not None and first.proc.poll() is None:
-            first.proc.kill()
-            first.proc.wait()
-        stack.destroy_and_remove()
+def three_workers(platform):
+    """test_60_scaling added the third worker; run alone (`make drills`), the drills add it."""
+    stack = platform.stack
+    if sum("spark_worker" in n["roles"] for n in stack.outputs()["nodes"]) < WORKERS:
+        stack.set_config(workers=str(WORKERS))
+        stack.up()
 
 
 @pytest.fixture
-def settled(drills, engine):
-    """The stack after its first `up`, healthy: for the drills that need a finished one."""
-    stack, first = drills
-    code, out = first.finish()
-    assert code == 0, out[-4000:]
+def settled(platform, three_workers, engine):
+    """The shared stack, healthy: what every drill starts from."""
+    wait_healthy(engine, platform.stack, timeout=300)
+    return platform.stack
+
+
+@pytest.fixture(scope="module")
+def held_up(platform, three_workers, engine):
+    """A retrain `up` in the background whose run is held after its first epoch: drills 7 and 1
+    strike it while it runs."""
+    stack = platform.stack
     wait_healthy(engine, stack, timeout=300)
-    return stack
+    hold(platform)
+    retrain(stack, "drill-1")
+    up = BackgroundUp(stack)
+    try:
+        yield up
+    finally:
+        release(platform)
+        up.finish()
 
 
-def test_drill_7_second_up_is_refused_with_the_lock_message(drills):
-    stack, first = drills
-    first.wait_for(r"creating", timeout=600)  # the first `up` holds the lock
+def test_drill_7_second_up_is_refused_with_the_lock_message(platform, held_up, engine):
+    stack, first = platform.stack, held_up
+    # The first `up` holds the lock, and its run is held after its first epoch.
+    run_dir = first.run_dir(MODELS)
+    wait_until("the first epoch", lambda: epoch_rows(engine, stack, run_dir), timeout=600)
     started = time.monotonic()
     second = stack.run("up", "--yes", "--skip-preview", check=False, timeout=600)
     refused_s = time.monotonic() - started
@@ -248,16 +251,18 @@ def _tf_worker_pids(engine: Any, stack: Stack) -> list[tuple[str, int]]:
     return found
 
 
-def test_drill_1_killed_tensorflow_worker_resumes_from_its_backup(drills, engine):
-    stack, first = drills
+def test_drill_1_killed_tensorflow_worker_resumes_from_its_backup(platform, held_up, engine):
+    stack, first = platform.stack, held_up
     run_dir = first.run_dir(MODELS)
-    rows = wait_until("the first epoch", lambda: epoch_rows(engine, stack, run_dir), timeout=900)
+    rows = wait_until("the first epoch", lambda: epoch_rows(engine, stack, run_dir), timeout=600)
     pids = wait_until("a TensorFlow worker process", lambda: _tf_worker_pids(engine, stack), 60)
     node, pid = pids[0]
     done_before = max(len(rows), len(epoch_rows(engine, stack, run_dir)))
+    assert done_before == 1, rows  # held after its first epoch
     code, out = sh(engine, stack, node, f"kill -KILL {pid}", user="trainstack")
     killed = time.monotonic()
     assert code == 0, out
+    release(platform)  # the retried attempt goes on to the end
     retried = wait_until(
         "an epoch finished by the retried attempt",
         lambda: [r for r in epoch_rows(engine, stack, run_dir) if r["attempt"] == 2],
@@ -287,15 +292,16 @@ def test_drill_1_killed_tensorflow_worker_resumes_from_its_backup(drills, engine
     )
 
 
-def test_drill_2_alive_master_killed_mid_training_job_finishes(settled, engine):
+def test_drill_2_alive_master_killed_mid_training_job_finishes(platform, settled, engine):
     stack = settled
     before = cluster_state(engine, stack)
     (old,) = before["alive"]
     retrain(stack, "drill-2")
+    hold(platform)
     up = BackgroundUp(stack)
     try:
         run_dir = up.run_dir(MODELS)
-        wait_until("the first epoch", lambda: epoch_rows(engine, stack, run_dir), timeout=900)
+        wait_until("the first epoch", lambda: epoch_rows(engine, stack, run_dir), timeout=600)
         container(engine, stack, old).kill()
         killed = time.monotonic()
         new = wait_until(
@@ -311,9 +317,11 @@ def test_drill_2_alive_master_killed_mid_training_job_finishes(settled, engine):
             timeout=300,
         )
         failover_s = time.monotonic() - killed
+        release(platform)
         code, out = up.finish()
         job_after_kill_s = time.monotonic() - killed
     finally:
+        release(platform)
         up.finish()
         container(engine, stack, old).start()  # killed by hand: the engine leaves it stopped
     assert code == 0, out[-4000:]
@@ -364,14 +372,13 @@ def test_drill_6_corrupted_data_fails_naming_file_and_problem(settled, engine, c
     models_before = model_digests(engine, stack)
     outputs_before = stack.outputs()["training"]
     assert models_before
-    stack.set_config(trainData=path, trainRows="0")  # trainRows only applies to digits
+    stack.set_config(trainData=path)
     try:
         started = time.monotonic()
         failed = stack.run("up", "--yes", "--skip-preview", check=False)
         failed_after_s = time.monotonic() - started
     finally:
         stack.run("config", "rm", "trainstack:trainData")
-        stack.set_config(trainRows=CONFIG["trainRows"])
     text = failed.stdout + failed.stderr
     assert failed.returncode != 0
     errors = [ln for ln in text.splitlines() if "error" in ln.lower()]
@@ -498,17 +505,22 @@ def test_drill_4_two_sigints_during_provisioning_next_up_converges(settled, engi
     )
 
 
-def test_drill_4_sigint_during_training_next_up_converges(settled, engine):
+def test_drill_4_sigint_during_training_next_up_converges(platform, settled, engine):
     """Ctrl-C (one SIGINT) while the job runs: Pulumi cancels after the running step, so the
     job is not cut off; it finishes, its result is recorded in the state, and the next `up`
     launches nothing and only writes the outputs back."""
     stack = settled
     retrain(stack, "drill-4")
+    hold(platform)
     up = BackgroundUp(stack)
-    run_dir = up.run_dir(MODELS)
-    wait_until("the first epoch", lambda: epoch_rows(engine, stack, run_dir), timeout=900)
-    up.proc.send_signal(signal.SIGINT)
-    interrupted = time.monotonic()
+    try:
+        run_dir = up.run_dir(MODELS)
+        wait_until("the first epoch", lambda: epoch_rows(engine, stack, run_dir), timeout=600)
+        up.proc.send_signal(signal.SIGINT)
+        interrupted = time.monotonic()
+        up.wait_for(r"\^C received; cancelling", timeout=60)
+    finally:
+        release(platform)
     code, out = up.finish(timeout=1200)
     assert code != 0
     assert "^C received; cancelling" in out and "update canceled" in out, out[-3000:]
@@ -531,27 +543,32 @@ def test_drill_4_sigint_during_training_next_up_converges(settled, engine):
     )
 
 
-def test_drill_4_two_sigints_during_training_next_up_resumes_the_run(settled, engine):
+def test_drill_4_two_sigints_during_training_next_up_resumes_the_run(platform, settled, engine):
     """Ctrl-C twice while the job runs: Pulumi stops at once and its provider with it, but
     the job started with `docker exec` goes on in the container. The next `up` stops that
     launch and launches the same run again, which resumes from the backup of the last
     finished epoch instead of starting over."""
     stack = settled
     retrain(stack, "drill-4c")
-    up = BackgroundUp(stack)
-    run_dir = up.run_dir(MODELS)
-    wait_until(
-        "two finished epochs", lambda: len(epoch_rows(engine, stack, run_dir)) >= 2, timeout=900
-    )
-    interrupted = time.monotonic()
-    code, out = up.stop_at_once()
-    assert code != 0, out[-3000:]
-    done_before = len(epoch_rows(engine, stack, run_dir))
-    again = stack.up()
+    hold(platform)
+    try:
+        up = BackgroundUp(stack)
+        run_dir = up.run_dir(MODELS)
+        wait_until("the first epoch", lambda: epoch_rows(engine, stack, run_dir), timeout=600)
+        interrupted = time.monotonic()
+        code, out = up.stop_at_once()
+        assert code != 0, out[-3000:]
+        done_before = len(epoch_rows(engine, stack, run_dir))
+        # The next `up` finds the earlier launch still running (held), stops it and launches
+        # the same run again; released from here on.
+        again = BackgroundUp(stack)
+        again.wait_for(r"an earlier launch of this run still runs on", timeout=600)
+    finally:
+        release(platform)
+    code, text = again.finish()
     recovery_s = time.monotonic() - interrupted
-    text = again.stdout + again.stderr
+    assert code == 0, text[-4000:]
     assert "Traceback" not in text
-    assert "an earlier launch of this run still runs on" in text, text[-3000:]
     assert f"--output {run_dir}" in text, text[-3000:]  # the same run, launched again
     result = stack.outputs()["training"]
     assert result["ok"] and result["cluster_run_dir"] == run_dir, result

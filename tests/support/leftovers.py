@@ -6,10 +6,10 @@ nothing to destroy them. Their containers restart with the engine and hold the n
 which the next run's newcomer test must remove to bake it afresh.
 
 Only test objects are touched: the test-only labels, and Pulumi stacks whose label is a
-test stack's (`ts<module>-t<6 hex>`, see `tests/pulumi_cli.Stack`). The README's dev stack
+test stack's (`ts<module>-t<6 hex>`, see `tests/support/stacks.Stack`). The README's dev stack
 (`trainstack-dev`) and any stack a user names otherwise are left alone.
 
-    python -m tests.leftovers         # what `.ci/run` does before the tests
+    python -m tests.support.leftovers         # what `.ci/run` does before the tests
 """
 
 from __future__ import annotations
@@ -19,9 +19,9 @@ import sys
 
 import docker
 
-from tests.provisioning.cluster import LABEL as LABEL_CLUSTER
-from tests.pulumi_cli import LABEL_STACK, remove_engine_objects
-from tests.sshd_servers import LABEL as LABEL_SSHD
+from tests.support.cluster import LABEL as LABEL_CLUSTER
+from tests.support.sshd import LABEL as LABEL_SSHD
+from tests.support.stacks import LABEL_STACK, remove_engine_objects
 
 TEST_STACK = re.compile(r"^ts[a-z]+-t[0-9a-f]{6}$")
 

@@ -1,0 +1,129 @@
+"""Security for shared networks on the shared stack, each check as an outsider (docs/security.md),
+read only: Spark refuses clients without the secret or without encryption, ZooKeeper refuses
+outsiders' writes and serves its quorum with SASL, and no secret is anywhere in plain text.
+Changes nothing (rotation is test_50_rotation).
+"""
+
+from __future__ import annotations
+
+import re
+from concurrent.futures import ThreadPoolExecutor
+
+import pytest
+
+from tests.support.outsiders import (
+    JAAS_CLIENT,
+    leaks,
+    node,
+    outsider,
+    sh,
+    spark_client,
+    spark_secret,
+    spark_znode,
+    zk_cli,
+    zk_listing,
+    zookeeper_password,
+)
+
+pytestmark = pytest.mark.security
+
+
+@pytest.fixture(scope="module")
+def secured(platform):
+    return platform.stack, platform.outputs()
+
+
+def test_the_stack_trained_with_encryption_on(secured):
+    _, outputs = secured
+    assert outputs["training"]["ok"], outputs["training"]
+    conf = sh(
+        node(outputs, "worker-1")["container"], "cat /etc/trainstack/spark/spark-defaults.conf"
+    )
+    assert re.search(r"^spark\.network\.crypto\.enabled\s+true$", conf[1], re.M)
+
+
+@pytest.fixture(scope="module")
+def clients(secured):
+    """Four Spark applications from an outsider container, at the same time (each refused one
+    waits out its registration): no secret, a wrong secret, the right secret without
+    encryption, and the right secret with encryption (the control)."""
+    _, outputs = secured
+    secret = spark_secret(outputs)
+    cases = {
+        "no secret": (None, True),
+        "wrong secret": ("not-the-cluster-secret-0123456789", True),
+        "no encryption": (secret, False),
+        "control": (secret, True),
+    }
+    with ThreadPoolExecutor(len(cases)) as pool:
+        futures = {k: pool.submit(spark_client, outputs, *v) for k, v in cases.items()}
+        return {k: f.result()[1] for k, f in futures.items()}
+
+
+def test_outsider_without_secret_cannot_register(clients):
+    for case in ("no secret", "wrong secret"):
+        assert "REGISTERED" not in clients[case], (case, clients[case][-3000:])
+    assert "REGISTERED" in clients["control"] and " 45" in clients["control"], clients["control"]
+
+
+def test_client_without_encryption_is_refused(clients):
+    """With the right secret but no RPC encryption the cluster refuses the client (Spark's
+    AES auth handler does not know the plain SASL challenge: no fallback); the same client
+    with encryption registers and runs a job, so the refusal is about encryption."""
+    log = clients["no encryption"]
+    assert "REGISTERED" not in log, log[-3000:]
+    assert "Unknown challenge message" in log, log[-3000:]
+    assert "REGISTERED" in clients["control"], clients["control"][-3000:]
+
+
+def test_outsider_cannot_write_spark_znodes(secured):
+    _, outputs = secured
+    znode = spark_znode(outputs)
+    # No credentials; then SASL with a wrong password.
+    wrong = (
+        "printf 'Client {\\n org.apache.zookeeper.server.auth.DigestLoginModule required\\n"
+        ' username="spark" password="wrong";\\n};\\n\' > /tmp/wrong.jaas; '
+    )
+    for command in (
+        zk_cli(outputs, f"create {znode}/outsider x"),
+        wrong + zk_cli(outputs, f"create {znode}/outsider x", jaas="/tmp/wrong.jaas"),
+        zk_cli(outputs, f"delete {znode}/leader_election"),
+    ):
+        _, log = outsider(outputs, command)
+        assert "Created" not in log, log[-2000:]
+        assert "authenticate" in log or "AuthFailed" in log, log[-2000:]
+    # The cluster's own login reads Spark's path, and the outsider's node is not there.
+    _, log = sh(
+        node(outputs, "control-1")["container"],
+        zk_cli(outputs, f"ls {znode}", jaas=JAAS_CLIENT),
+        user="trainstack",
+    )
+    listing = zk_listing(log)
+    assert "leader_election" in listing and "outsider" not in listing, log[-2000:]
+
+
+def test_zookeeper_quorum_serves_with_sasl(secured):
+    _, outputs = secured
+    modes = []
+    for n in outputs["nodes"]:
+        if "zookeeper" not in n["roles"]:
+            continue
+        _, cfg = sh(n["container"], "cat /etc/trainstack/zookeeper/zoo.cfg")
+        assert "quorum.auth.enableSasl=true" in cfg
+        _, out = sh(
+            n["container"],
+            "python3 -c \"import socket; s=socket.create_connection(('127.0.0.1', 2181)); "
+            "s.sendall(b'srvr'); print(s.recv(4096).decode())\"",
+        )
+        modes += re.findall(r"Mode: (\w+)", out)
+    assert sorted(modes) == ["follower", "follower", "leader"], modes
+
+
+def test_secrets_nowhere_in_plain_text(secured):
+    stack, outputs = secured
+    values = {
+        "spark secret": spark_secret(outputs),
+        "zookeeper password": zookeeper_password(outputs),
+    }
+    assert all(len(v) >= 32 for v in values.values())
+    assert leaks(stack, outputs, values) == []

@@ -1,0 +1,64 @@
+"""Secret rotation on the shared stack: `rotateSecrets` and one `up` give every service new
+secrets, restart every daemon, and the old secrets are refused. Changes the stack's secrets."""
+
+from __future__ import annotations
+
+import time
+from concurrent.futures import ThreadPoolExecutor
+
+import pytest
+
+from tests.support.outsiders import (
+    JAAS_CLIENT,
+    leaks,
+    node,
+    sh,
+    spark_client,
+    spark_secret,
+    spark_znode,
+    wait_alive,
+    zk_cli,
+    zk_listing,
+    zookeeper_password,
+)
+
+pytestmark = pytest.mark.security
+
+
+def test_rotation_reaches_every_service(platform):
+    stack, outputs = platform.stack, platform.outputs()
+    old = {"spark secret": spark_secret(outputs), "zookeeper password": zookeeper_password(outputs)}
+    started = time.time()
+    stack.set_config(rotateSecrets="rotation-1")
+    stack.up()
+    new = {"spark secret": spark_secret(outputs), "zookeeper password": zookeeper_password(outputs)}
+    assert all(new[k] != old[k] for k in old)
+    # Every node has the new secret, and every daemon started after the rotation began.
+    for n in outputs["nodes"]:
+        _, conf = sh(n["container"], "cat /etc/trainstack/spark/spark-defaults.conf")
+        assert new["spark secret"] in conf, n["name"]
+        _, status = sh(n["container"], "supervisorctl status")
+        for line in status.splitlines():
+            if line.split()[0] in ("zookeeper", "spark-master", "spark-worker"):
+                _, since = sh(
+                    n["container"],
+                    f"ps -o lstart= -p $(supervisorctl pid {line.split()[0]}) | date -f - +%s",
+                )
+                assert int(since.strip()) >= int(started) - 1, (n["name"], line)
+    # The cluster works with the new secrets: a master is ALIVE (it logged in to ZooKeeper
+    # with the new password) with the worker back (same secret), a client with the new secret
+    # runs a job, and the old secrets are refused.
+    wait_alive(outputs)
+    with ThreadPoolExecutor(2) as pool:
+        with_new = pool.submit(spark_client, outputs, new["spark secret"], True)
+        with_old = pool.submit(spark_client, outputs, old["spark secret"], True)
+        log_new, log_old = with_new.result()[1], with_old.result()[1]
+    assert "REGISTERED" in log_new, log_new[-3000:]
+    assert "REGISTERED" not in log_old, log_old[-3000:]
+    _, log = sh(
+        node(outputs, "control-1")["container"],
+        zk_cli(outputs, f"ls {spark_znode(outputs)}", jaas=JAAS_CLIENT),
+        user="trainstack",
+    )
+    assert "leader_election" in zk_listing(log), log[-2000:]
+    assert leaks(stack, outputs, {**new, **{f"old {k}": v for k, v in old.items()}}) == []
