@@ -30,15 +30,16 @@ _DISK_MARKERS = {
 
 # The order the suite runs in, cheapest first, so a mistake shows within minutes instead of after
 # an hour (collection alone would be alphabetical). The newcomer test comes first among the
-# engine tests: its `make up` bakes this tree's node image, which every later stack reuses.
+# engine tests: its `make up` bakes this tree's node image (it removes it first, as a new
+# machine has none), and every later stack reuses that image instead of baking it again.
 # The platform package shares one stack and orders its own modules (tests/platform/conftest.py).
 ORDER = (
     "tests/unit/",
     "tests/images/test_digest.py",
     "tests/provisioning/test_unit.py",
     "tests/training/",
-    "tests/integration/",
     "tests/newcomer/",
+    "tests/integration/",
     "tests/images/",
     "tests/provisioning/",
     "tests/platform/",

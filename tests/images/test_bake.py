@@ -3,6 +3,9 @@
 One image is baked for the module (repository ``tsit-node``, removed at the end). Containers
 from it run supervisord as their main process; site.yml then finds every install task `ok`,
 copies no wheels, and a second run changes nothing.
+
+Its own image and cluster, not the suite's shared stack (tests/platform): it bakes with
+`force` into a test repository, and forces the install parts on the cluster's first run.
 """
 
 from __future__ import annotations

@@ -4,6 +4,10 @@ One cluster of the default topology (3 control + 2 worker containers from the ba
 created per session through the Docker API, provisioned once with playbooks/site.yml, shared by
 all tests, and removed at the end (everything labelled ``trainstack.test=<name>``).
 
+Its own cluster, not the suite's shared stack (tests/platform): it tests the full install from
+the bare base image (the shared stack's nodes come from the baked image, where every install
+task is `ok`), and the fault tests feed Ansible bad input directly.
+
 Environment:
   TRAINSTACK_WHEELHOUSE   wheelhouse root on this machine (default ~/.cache/trainstack/wheelhouse)
   TRAINSTACK_KEEP_CLUSTER=1  keep the containers after the session (debugging)

@@ -6,6 +6,10 @@ container starts. They share only /srv/trainstack (the operator's NFS mount in a
 deployment). One stack goes through the life cycle; the tests run in order on it. Its first
 `up` runs in the background, so that a TensorFlow worker can be killed in the middle of the
 run it launches.
+
+Its own stack, not the suite's shared one (tests/platform): it is another target (`ssh`), with
+servers that are not containers of the docker target, a full install over SSH from bare
+Debian, and a transport of its own.
 """
 
 from __future__ import annotations
@@ -227,7 +231,10 @@ def test_an_unreachable_server_fails_the_up_by_name_and_touches_nothing(settled)
     assert failed.returncode != 0
     text = failed.stdout + failed.stderr
     assert f"server wrk-9 (deploy@{records[-1]['address']}:2): cannot connect" in text
-    assert "Traceback" not in text
+    # The engine cancels the program with registrations in flight: no KeyboardInterrupt or
+    # "context canceled" traceback from the program (infra.errors.quiet_cancellation, issue 28).
+    assert "Traceback" not in text, text[-4000:]
+    assert "KeyboardInterrupt" not in text and "context canceled" not in text, text[-4000:]
     stack.run("config", "set", "trainstack:servers", json.dumps(servers.server_records(ROLES)))
     stack.run("preview", "--expect-no-changes")
 

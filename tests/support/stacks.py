@@ -17,7 +17,7 @@ from typing import Any
 
 import docker
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 LABEL_STACK = "org.trainstack.stack"
 
 
