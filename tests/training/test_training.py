@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import time
 from pathlib import Path
 from types import SimpleNamespace
@@ -261,3 +262,63 @@ def test_time_split_never_exceeds_the_stage() -> None:
     assert split["training"] == 2.0 and split["other"] == 0.0
     assert sum(split.values()) == pytest.approx(25.0)
     assert time_split(10.0, 4.0, 9.0, 5.0, [])["data"] == 4.0  # data cut to the time before
+
+
+def test_hold_file_freezes_the_run_at_an_epoch_end_until_removed(tmp_path: Path) -> None:
+    # The failure drills' hook (docs/training.md, test-only hooks): while the file exists,
+    # every worker waits after the epoch's backup and epochs.jsonl row; never after the last.
+    import os
+    import subprocess
+    import sys
+    import threading
+
+    out, hold = tmp_path / "run", tmp_path / ".test-hold"
+    hold.touch()
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "trainstack_training", "--master", "local[2]", "--workers", "2",
+         "--epochs", "2", "--output", str(out), "--hold-file", str(hold), "--no-plot"],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=dict(os.environ),
+    )  # fmt: skip
+    lines: list[str] = []  # both streams (with a local master the workers' print is on stderr)
+
+    def pump(stream: Any) -> None:
+        for line in stream:
+            lines.append(line.rstrip("\n"))
+
+    streams = (proc.stdout, proc.stderr)
+    pumps = [threading.Thread(target=pump, args=(s,), daemon=True) for s in streams]
+    for t in pumps:
+        t.start()
+
+    def said(text: str) -> list[str]:
+        return [ln for ln in lines if text in ln]
+
+    def wait_for(what: str, count: int, timeout: float) -> None:
+        deadline = time.monotonic() + timeout
+        while len(said(what)) < count:
+            assert proc.poll() is None, f"the job ended before {what!r}:\n" + "\n".join(lines[-40:])
+            assert time.monotonic() < deadline, f"no {what!r}:\n" + "\n".join(lines[-40:])
+            time.sleep(0.2)
+
+    try:
+        wait_for(f"holding after epoch 1 while {hold} exists", 2, timeout=240)  # both workers
+        who = {w for ln in said("holding after") for w in re.findall(r"worker \d, attempt \d", ln)}
+        assert who == {"worker 0, attempt 1", "worker 1, attempt 1"}, who
+        assert [r["epoch"] for r in _epoch_rows(out)] == [1]  # row written, then held
+        time.sleep(1.5)
+        assert proc.poll() is None and [r["epoch"] for r in _epoch_rows(out)] == [1]
+        hold.unlink()
+        wait_for("hold released after epoch 1", 2, timeout=30)
+        hold.touch()  # again: it must not hold after the last epoch
+        rc = proc.wait(timeout=240)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    for t in pumps:
+        t.join(timeout=10)
+    assert rc == 0, "\n".join(lines[-40:])
+    s = json.loads(next(ln for ln in reversed(lines) if ln.startswith("{")))
+    assert s["ok"] and s["epochs"] == 2 and s["attempts"] == 1, s
+    assert [r["epoch"] for r in _epoch_rows(out)] == [1, 2]
+    assert not said("holding after epoch 2") and not said(f"WARNING: {hold}")

@@ -15,8 +15,8 @@ import signal
 import sys
 import tempfile
 import time
-from dataclasses import dataclass, field
 from collections.abc import Callable
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
