@@ -40,15 +40,18 @@ ROLES = {
 }
 CONFIG = {
     "target": "ssh",
-    # A few seconds an epoch: long enough to kill a worker in the middle of the run.
-    "trainRows": "20000",
-    "trainEpochs": "6",
+    "trainEpochs": "8",
     # Fixed, so removing a server does not launch a new run.
     "trainWorkers": "2",
 }
 # What trainstack puts on a server, and what its teardown must take away again.
 INSTALLED = ("/opt/trainstack", "/etc/trainstack", "/var/lib/trainstack", "/var/log/trainstack")
 MODELS = "/srv/trainstack/models"
+# The job's test-only hold hook (docs/training.md#test-only-hooks): the first run waits after
+# its first epoch while this file exists on the shared mount, so a worker is killed mid-run
+# without racing the job.
+HOLD_ENV = "TRAINSTACK_TEST_HOLD_FILE"
+HOLD_FILE = "/srv/trainstack/.test-hold"
 
 
 @pytest.fixture(scope="module")
@@ -63,8 +66,11 @@ def cluster(tmp_path_factory, engine):
         servers.start(list(ROLES))
         servers.wait_ready(list(ROLES))
         stack = Stack(work / "state", prefix="tsssh")
+        stack.env[HOLD_ENV] = HOLD_FILE
         stack.init(**CONFIG)
         stack.run("config", "set", "trainstack:servers", json.dumps(servers.server_records(ROLES)))
+        code, out = on(servers, "ctl-2", f"touch {HOLD_FILE}")
+        assert code == 0, out
         first = BackgroundUp(stack)
         yield stack, servers, first
     finally:
@@ -76,10 +82,16 @@ def cluster(tmp_path_factory, engine):
         servers.remove()
 
 
+def release(servers: SshServers) -> None:
+    code, out = on(servers, "ctl-2", f"rm -f {HOLD_FILE}")
+    assert code == 0, out
+
+
 @pytest.fixture(scope="module")
 def settled(cluster):
     """The stack after its first `up` has finished: (stack, servers, that up's output)."""
     stack, servers, first = cluster
+    release(servers)  # whatever the test before did
     code, out = first.finish()
     assert code == 0, out[-4000:]
     return stack, servers, out
@@ -115,8 +127,10 @@ def test_a_killed_tensorflow_worker_resumes_from_the_shared_backup(cluster):
     pids = wait_until("a TensorFlow worker process", lambda: tensorflow_pids(servers), 60)
     name, pid = pids[0]
     done_before = max(len(rows), len(epoch_rows(servers, run_dir)))
+    assert done_before == 1, rows  # held after its first epoch
     code, out = on(servers, name, f"kill -KILL {pid}", user="trainstack")
     assert code == 0, out
+    release(servers)  # the retried attempt goes on to the end
     code, out = first.finish()
     assert code == 0, out[-4000:]
     result = stack.outputs()["training"]
