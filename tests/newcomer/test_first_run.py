@@ -102,6 +102,10 @@ def test_make_up_once_trains_and_make_destroy_leaves_nothing(clone, engine):
     assert "Traceback" not in out, out[-6000:]
     assert "validation accuracy" in out
     assert "builder container trainstack-node-builder-" in out, "the node image was not baked"
+    # The bake ran the roles (its log is the one tests/images would have read of its own bake).
+    bake_logs = list((repo / ".artifacts" / "dev" / "image").glob("bake-*.log"))
+    assert bake_logs, "no bake log under .artifacts/dev/image"
+    assert "Ensure TensorFlow is installed in the virtual environment." in bake_logs[0].read_text()
     assert any(wheelhouse.glob("*/*.whl")), "the wheelhouse was not filled"
 
     outputs = subprocess.run(

@@ -176,6 +176,23 @@ def retrain(stack: Stack, token: str) -> None:
     stack.set_config(retrain=token)
 
 
+def held_run(platform: Any, engine: Any, token: str) -> tuple[BackgroundUp, str]:
+    """A retrain `up` in the background whose run is held after its first epoch (the hold file
+    stays until the caller releases it): the `up` and the run's directory, once that epoch's
+    row is written."""
+    stack = platform.stack
+    retrain(stack, token)
+    hold(platform)
+    try:
+        up = BackgroundUp(stack)
+        run_dir = up.run_dir(MODELS)
+        wait_until("the first epoch", lambda: epoch_rows(engine, stack, run_dir), timeout=600)
+    except BaseException:
+        release(platform)
+        raise
+    return up, run_dir
+
+
 # --------------------------------------------------------------------------------------------
 # The stack
 
@@ -200,23 +217,17 @@ def settled(platform, three_workers, engine):
 def held_up(platform, three_workers, engine):
     """A retrain `up` in the background whose run is held after its first epoch: drills 7 and 1
     strike it while it runs."""
-    stack = platform.stack
-    wait_healthy(engine, stack, timeout=300)
-    hold(platform)
-    retrain(stack, "drill-1")
-    up = BackgroundUp(stack)
+    wait_healthy(engine, platform.stack, timeout=300)
+    up, run_dir = held_run(platform, engine, "drill-1")
     try:
-        yield up
+        yield up, run_dir
     finally:
         release(platform)
         up.finish()
 
 
 def test_drill_7_second_up_is_refused_with_the_lock_message(platform, held_up, engine):
-    stack, first = platform.stack, held_up
-    # The first `up` holds the lock, and its run is held after its first epoch.
-    run_dir = first.run_dir(MODELS)
-    wait_until("the first epoch", lambda: epoch_rows(engine, stack, run_dir), timeout=600)
+    stack, (first, _) = platform.stack, held_up  # it holds the lock; its run is held
     started = time.monotonic()
     second = stack.run("up", "--yes", "--skip-preview", check=False, timeout=600)
     refused_s = time.monotonic() - started
@@ -252,9 +263,8 @@ def _tf_worker_pids(engine: Any, stack: Stack) -> list[tuple[str, int]]:
 
 
 def test_drill_1_killed_tensorflow_worker_resumes_from_its_backup(platform, held_up, engine):
-    stack, first = platform.stack, held_up
-    run_dir = first.run_dir(MODELS)
-    rows = wait_until("the first epoch", lambda: epoch_rows(engine, stack, run_dir), timeout=600)
+    stack, (first, run_dir) = platform.stack, held_up
+    rows = epoch_rows(engine, stack, run_dir)
     pids = wait_until("a TensorFlow worker process", lambda: _tf_worker_pids(engine, stack), 60)
     node, pid = pids[0]
     done_before = max(len(rows), len(epoch_rows(engine, stack, run_dir)))
@@ -296,12 +306,8 @@ def test_drill_2_alive_master_killed_mid_training_job_finishes(platform, settled
     stack = settled
     before = cluster_state(engine, stack)
     (old,) = before["alive"]
-    retrain(stack, "drill-2")
-    hold(platform)
-    up = BackgroundUp(stack)
+    up, _ = held_run(platform, engine, "drill-2")
     try:
-        run_dir = up.run_dir(MODELS)
-        wait_until("the first epoch", lambda: epoch_rows(engine, stack, run_dir), timeout=600)
         container(engine, stack, old).kill()
         killed = time.monotonic()
         new = wait_until(
@@ -510,12 +516,8 @@ def test_drill_4_sigint_during_training_next_up_converges(platform, settled, eng
     job is not cut off; it finishes, its result is recorded in the state, and the next `up`
     launches nothing and only writes the outputs back."""
     stack = settled
-    retrain(stack, "drill-4")
-    hold(platform)
-    up = BackgroundUp(stack)
+    up, run_dir = held_run(platform, engine, "drill-4")
     try:
-        run_dir = up.run_dir(MODELS)
-        wait_until("the first epoch", lambda: epoch_rows(engine, stack, run_dir), timeout=600)
         up.proc.send_signal(signal.SIGINT)
         interrupted = time.monotonic()
         up.wait_for(r"\^C received; cancelling", timeout=60)
@@ -549,12 +551,8 @@ def test_drill_4_two_sigints_during_training_next_up_resumes_the_run(platform, s
     launch and launches the same run again, which resumes from the backup of the last
     finished epoch instead of starting over."""
     stack = settled
-    retrain(stack, "drill-4c")
-    hold(platform)
     try:
-        up = BackgroundUp(stack)
-        run_dir = up.run_dir(MODELS)
-        wait_until("the first epoch", lambda: epoch_rows(engine, stack, run_dir), timeout=600)
+        up, run_dir = held_run(platform, engine, "drill-4c")
         interrupted = time.monotonic()
         code, out = up.stop_at_once()
         assert code != 0, out[-3000:]
