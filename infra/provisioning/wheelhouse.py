@@ -82,9 +82,11 @@ def requirements_key(requirements: list[str], nodeps: list[str] | None = None) -
     return hashlib.sha256(payload.encode()).hexdigest()
 
 
-def _pip(args: list[str], what: str) -> None:
+def _pip(args: list[str], what: str, env: dict[str, str] | None = None) -> None:
     cmd = [sys.executable, "-m", "pip", *args]
-    proc = subprocess.run(cmd, capture_output=True, text=True, check=False)
+    proc = subprocess.run(
+        cmd, capture_output=True, text=True, check=False, env={**os.environ, **(env or {})}
+    )
     if proc.returncode != 0:
         tail = "\n".join((proc.stderr or proc.stdout).strip().splitlines()[-15:])
         raise WheelhouseError(f"{what}: `{' '.join(cmd)}` failed (exit {proc.returncode}):\n{tail}")
@@ -133,12 +135,21 @@ def _tree_key(root: Path) -> str:
     return digest.hexdigest()
 
 
+# The training wheel is built reproducibly: its zip entries get this date, not the files'
+# modification times, so every clone of the same sources builds the same bytes, and a node
+# image baked from one clone holds the very wheel another clone provisions (its checksum
+# matches; nothing is reinstalled). 1980-01-01, the earliest date a zip file can hold.
+REPRODUCIBLE_BUILD = {"SOURCE_DATE_EPOCH": "315532800"}
+# Part of the wheel's cache key: wheels cached before the builds were reproducible are rebuilt.
+TRAINING_BUILD_RECIPE = "sde-315532800"
+
+
 def build_training_wheel(dest: Path, source: Path = TRAINING_DIR) -> Path:
     """Build the training package's wheel into ``dest``, cached by a hash of its sources."""
     dest = Path(dest)
     if not (source / "pyproject.toml").exists():
         raise WheelhouseError(f"training package: {source / 'pyproject.toml'} does not exist")
-    key = _tree_key(source)
+    key = f"{_tree_key(source)}+{TRAINING_BUILD_RECIPE}"
     if _cached(dest, key):
         return dest
     tmp = dest.with_name(dest.name + ".partial")
@@ -147,6 +158,7 @@ def build_training_wheel(dest: Path, source: Path = TRAINING_DIR) -> Path:
     _pip(
         ["wheel", "--no-deps", "--no-build-isolation", "-w", str(tmp), str(source)],
         "training wheel",
+        env=REPRODUCIBLE_BUILD,
     )
     (tmp / KEY_FILE).write_text(key + "\n")
     shutil.rmtree(dest, ignore_errors=True)

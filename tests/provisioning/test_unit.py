@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import hashlib
 import os
 import re
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -236,3 +238,20 @@ def test_zookeeper_config_does_not_follow_the_inventory_host_order():
     assert "server.2=control-2:2888:3888" in first
     assert render(["control-2", "control-1", "control-3"]) == first
     assert "enforce.auth.enabled=true" in first and "quorum.auth.enableSasl=true" in first
+
+
+def test_training_wheel_is_the_same_from_any_clone(tmp_path):
+    """Two copies of training/ with other modification times build byte-identical wheels, so
+    a node image baked from one clone holds the wheel every other clone provisions."""
+    digests = []
+    for i, when in enumerate((1_600_000_000, 1_700_000_000)):
+        source = tmp_path / f"clone-{i}" / "training"
+        shutil.copytree(
+            REPO / "training", source, ignore=shutil.ignore_patterns("build", "*.egg-info")
+        )
+        for path in source.rglob("*"):
+            os.utime(path, (when, when))
+        built = wheelhouse.build_training_wheel(tmp_path / f"wheels-{i}", source)
+        (wheel,) = built.glob("*.whl")
+        digests.append(hashlib.sha256(wheel.read_bytes()).hexdigest())
+    assert digests[0] == digests[1]
