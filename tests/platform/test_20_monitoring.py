@@ -10,7 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.support.prometheus import api, firing, scalar, wait_for
+from tests.support.prometheus import api, firing, scalar
+from tests.support.stacks import wait_until
 
 from .conftest import CONFIG, WORKERS
 
@@ -62,12 +63,13 @@ def test_every_target_is_up(monitored):
     jobs = targets()
     assert {job: len(h) for job, h in jobs.items()} == JOBS
     # Every daemon's target is up (the application's driver only while a run is going).
-    wait_for(
+    wait_until(
         "every target up",
         lambda: all(
             h == "up" for job, hs in targets().items() if job != "spark_application" for h in hs
         ),
         timeout=60,
+        every=2,
     )
     # The run's executors were scraped while it ran (spark.ui.prometheus.enabled).
     assert scalar(url, 'max_over_time(up{job="spark_application"}[1h])') == 1

@@ -6,7 +6,8 @@ from __future__ import annotations
 
 import pytest
 
-from tests.support.prometheus import firing, scalar, wait_for
+from tests.support.prometheus import firing, scalar
+from tests.support.stacks import wait_until
 
 from .conftest import WORKERS
 
@@ -26,8 +27,10 @@ def test_killed_worker_daemon_fires_its_alert_and_clears(platform, engine):
         return firing(url, "SparkWorkersMissing")
 
     # supervisord restarts the daemon within seconds: keep killing it until the alert fires.
-    fired = wait_for("SparkWorkersMissing firing", kill_worker_daemon, timeout=120, every=2)
+    fired = wait_until("SparkWorkersMissing firing", kill_worker_daemon, timeout=120, every=2)
     assert "ALIVE worker" in fired[0]["annotations"]["description"]
     # Left alone, supervisord brings it back, it registers again and the alert clears.
-    wait_for("SparkWorkersMissing cleared", lambda: not firing(url, "SparkWorkersMissing"), 150)
+    wait_until(
+        "SparkWorkersMissing cleared", lambda: not firing(url, "SparkWorkersMissing"), 150, every=2
+    )
     assert scalar(url, "max(metrics_master_aliveWorkers_Value)") == WORKERS

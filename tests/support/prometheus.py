@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import time
 import urllib.parse
 import urllib.request
 
@@ -24,17 +23,6 @@ def scalar(url: str, query: str) -> float:
     result = instant(url, query)
     assert len(result) == 1, f"{query}: {result}"
     return float(result[0]["value"][1])
-
-
-def wait_for(what: str, check, timeout: float, every: float = 2.0):
-    deadline = time.monotonic() + timeout
-    last = None
-    while time.monotonic() < deadline:
-        last = check()
-        if last:
-            return last
-        time.sleep(every)
-    raise AssertionError(f"{what}: not within {timeout:.0f} s (last: {last!r})")
 
 
 def firing(url: str, name: str) -> list[dict]:
