@@ -26,6 +26,7 @@ import yaml
 
 from infra.provisioning import run_playbook
 from infra.provisioning.inventory import Node
+from infra.provisioning.wheelhouse import WheelhouseError, build_node_wheelhouse
 from tests.support import cluster as cl
 
 from .conftest import TEST_REPOSITORY
@@ -113,6 +114,13 @@ def cluster(baked, tmp_path_factory):
             worker_memory="1g",
         ),
     ]
+    # bake() fills the wheelhouse only when it bakes; with the image already there (the
+    # newcomer's), the wheelhouse here may hold another tree's training wheel. Provisioning
+    # needs this tree's, as the program's wheelhouse step gives it before every run.
+    try:
+        build_node_wheelhouse(WHEELHOUSE)
+    except WheelhouseError as exc:
+        pytest.fail(f"cannot build the wheelhouse at {WHEELHOUSE}: {exc}")
     c = cl.create(name, nodes, image=baked[0].tag, command=None, init=False)
     workdir = tmp_path_factory.mktemp("image-cluster")
     # As the program's inventory does for nodes from the image: name it.
