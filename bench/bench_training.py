@@ -40,7 +40,9 @@ BASE_BATCH = 32
 
 
 def run_job(args: list[str], out: Path) -> dict[str, Any]:
-    cmd = [sys.executable, "-m", "trainstack_training", *args, "--output", str(out), "--no-plot"]
+    job = ["--job-dir", str(Path(__file__).resolve().parents[1] / "examples" / "digits")]
+    cmd = [sys.executable, "-m", "trainstack_training", *job, *args, "--output", str(out)]
+    cmd.append("--no-plot")
     start = time.perf_counter()
     proc = subprocess.run(cmd, capture_output=True, text=True, env=dict(os.environ))
     if proc.returncode != 0:

@@ -29,11 +29,16 @@ def emit(result: dict, out: Path | None) -> None:
 def run_stack_job(container: str, master: str, args: list[str], conf: str, run: str) -> dict:
     """Run `trainstack-train` on a stack's node as the job user (as `pulumi up` does) with
     `--spark-conf conf` and `args`; its output under /srv/trainstack/models/bench-<run>.
+    The job is the stack's default, examples/digits, which `pulumi up` shipped to the cluster.
     Returns the job's summary line; exits with its output when the job fails."""
-    from infra.components.training import NODE_ENV, NODE_VENV
+    from infra.components.training import JOBS_DIR, NODE_ENV, NODE_VENV
+    from infra.config import PROJECT_DIR
+    from infra.jobs import pack
 
     command = [
         f"{NODE_VENV}/bin/trainstack-train",
+        "--job-dir",
+        f"{JOBS_DIR}/{pack(PROJECT_DIR / 'examples' / 'digits').sha}",
         "--master",
         master,
         *args,

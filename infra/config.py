@@ -19,6 +19,8 @@ from pathlib import Path
 from typing import Any
 
 NAMESPACE = "trainstack"
+# The project directory (Pulumi.yaml): relative paths in the config are relative to it.
+PROJECT_DIR = Path(__file__).resolve().parents[1]
 _SIZE = re.compile(r"^(\d+(?:\.\d+)?)([kmg]?)b?$", re.IGNORECASE)
 _NAME = re.compile(r"^[a-z0-9][a-z0-9-]{0,30}$")
 _UNITS = {"": 1, "k": 1024, "m": 1024**2, "g": 1024**3}
@@ -318,6 +320,10 @@ class StackConfig:
     provision_cpu_boost: bool = True
     provision_mitogen: bool = True
     train: bool = True
+    # The job (docs/jobs.md): a directory with trainstack.toml and the user's code, relative to
+    # the project directory or absolute, and a JSON object of parameters over its [params].
+    job: str = "examples/digits"
+    job_params: str = ""
     train_epochs: int = 10
     train_workers: int = 0
     train_batch_size: int = 32
@@ -409,6 +415,32 @@ class StackConfig:
     @property
     def monitoring_progress_timeout_seconds(self) -> int:
         return int(parse_duration(self.monitoring_progress_timeout))
+
+    @property
+    def job_path(self) -> Path:
+        """The job directory: `job` as an absolute path, or relative to the project."""
+        path = Path(self.job).expanduser()
+        return path if path.is_absolute() else PROJECT_DIR / path
+
+    @property
+    def job_params_dict(self) -> dict[str, Any]:
+        """`job_params` as a dict; ValueError naming the problem when it is not a JSON
+        object."""
+        if isinstance(self.job_params, dict):
+            return dict(self.job_params)
+        text = str(self.job_params or "").strip()
+        if not text:
+            return {}
+        try:
+            value = json.loads(text)
+        except ValueError as exc:
+            raise ValueError(f"{text[:80]!r} is not a JSON object ({exc})") from None
+        if not isinstance(value, dict):
+            raise ValueError(
+                f"{text[:80]!r} is not a JSON object; give name/value pairs, e.g. "
+                '{"learning_rate": 0.01}'
+            )
+        return value
 
     @property
     def training_workers(self) -> int:
@@ -550,6 +582,32 @@ def _training_slots(c: StackConfig) -> str | None:
 
 
 TRAIN_STRATEGIES = ("multi-worker", "single")
+
+
+def _job_params(c: StackConfig) -> str | None:
+    try:
+        _ = c.job_params_dict
+    except ValueError as exc:
+        return f"{_key('job_params')}: {exc}"
+    return None
+
+
+def _job(c: StackConfig) -> str | None:
+    """The job directory, checked as the nodes will load it (manifest, entry module and
+    function, requirements), before anything is created."""
+    if not c.train:
+        return None
+    from trainstack_training.job import JobError, load_spec
+
+    try:
+        params = c.job_params_dict
+    except ValueError:
+        return None  # reported by _job_params
+    try:
+        load_spec(c.job_path, params)
+    except JobError as exc:
+        return f"{_key('job')}: {exc}"
+    return None
 
 
 def _train_strategy(c: StackConfig) -> str | None:
@@ -754,6 +812,8 @@ _CHECKS: list[Callable[[StackConfig], str | None]] = [
     _min("train_rows", 0),
     _training_slots,
     _train_strategy,
+    _job_params,
+    _job,
     _training_needs_provisioning,
     _monitoring_port,
     _duration_check("monitoring_retention", 3600),

@@ -20,9 +20,10 @@ from infra.components.image import NodeImage, NodeImageArgs
 from infra.components.provisioning import Provisioning, ProvisioningArgs, tree_digest
 from infra.components.training import Training, TrainingArgs
 from infra.images.bake import image_digest, image_tag
+from infra.jobs import JobDirError, pack
 from infra.targets.ssh import SshCluster, SshClusterArgs
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = stack_config.PROJECT_DIR
 # The driver runs beside an executor on the submitting worker: keep its heap small.
 DRIVER_MEMORY_CONF = "spark.driver.memory=512m"
 # The job's JVMs (driver and executors live only as long as the job) compile with C1 only: on
@@ -38,9 +39,12 @@ DRIVER_CONF = ",".join(
 )
 
 
-def training_settings(config: stack_config.StackConfig) -> dict[str, Any]:
-    """The training job's launch settings (what `trainstack-train` gets)."""
+def training_settings(config: stack_config.StackConfig, job_sha: str = "") -> dict[str, Any]:
+    """The training job's launch settings (what `trainstack-train` gets); `job_sha`: the
+    packed job directory's content digest (infra.jobs.pack)."""
     return {
+        "job_sha": job_sha,
+        "job_params": json.dumps(config.job_params_dict, sort_keys=True),
         "workers": config.training_workers,
         "epochs": config.train_epochs,
         "batch_size": config.train_batch_size,
@@ -154,6 +158,11 @@ def main() -> None:
     except stack_config.ConfigError as exc:
         # Fails `pulumi preview`/`up` before any resource is declared.
         raise pulumi.RunError(str(exc)) from None
+    # The job's code, packed now: a directory over the size cap fails before anything.
+    try:
+        job = pack(config.job_path) if config.train else None
+    except JobDirError as exc:
+        raise pulumi.RunError(f"trainstack:job: {exc}") from None
     stack = pulumi.get_stack()
     artifacts = ROOT / ".artifacts" / stack
     wheelhouse = wheelhouse_path(config)
@@ -202,7 +211,8 @@ def main() -> None:
     if not config.train:
         return
 
-    settings = training_settings(config)
+    assert job is not None  # config.train
+    settings = training_settings(config, job.sha)
     training = Training(
         "training",
         TrainingArgs(
@@ -210,6 +220,7 @@ def main() -> None:
             submit_candidates=submit_candidates,
             settings=settings,
             trigger=training_trigger(config, settings),
+            job_source=str(config.job_path),
             host_artifacts_dir=str(artifacts / "training"),
             monitoring=cluster.monitoring_url,
             node_cpus={spec.key: spec.cpus for spec in plan_of(config)},

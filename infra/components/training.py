@@ -29,6 +29,8 @@ short_provider_errors()
 
 NODE_VENV = "/opt/trainstack/venv"
 MODELS_DIR = "/srv/trainstack/models"
+# The jobs' code, content-addressed (<sha>/), on the same shared volume as the runs.
+JOBS_DIR = f"{MODELS_DIR}/jobs"
 JOB_USER = "trainstack"
 # What a login shell on a node gets from /etc/profile.d/trainstack.sh: Spark's client config
 # (the multi-master URL, spark.authenticate and the secret) and the Python that executors
@@ -202,6 +204,49 @@ def _stop_earlier_launches(candidates: list[Transport], run_dir: str, grace_s: i
             print(f"could not stop it: {exc}", file=sys.stderr, flush=True)
 
 
+def _ship_job(node: Transport, props: dict[str, Any]) -> None:
+    """Put the job's code on the cluster's shared storage at JOBS_DIR/<sha> (once per sha:
+    the same code is not shipped again). Packed again here from the host directory; a
+    directory that changed since the program read it is refused, not run unseen."""
+    sha = props["settings"].get("job_sha")
+    if not sha:
+        return
+    from infra.jobs import JobDirError, pack, unpack_command
+
+    dest = f"{JOBS_DIR}/{sha}"
+    try:
+        code, _ = node.run(["test", "-f", f"{dest}/trainstack.toml"], user=JOB_USER)
+    except TransportError as exc:
+        raise TrainingError(f"training job: cannot ship the job's code: {exc}") from None
+    if code == 0:
+        print(f"job code {sha[:12]} is on the cluster already", file=sys.stderr)
+        return
+    try:
+        packed = pack(Path(props["job_source"]))
+    except JobDirError as exc:
+        raise TrainingError(f"training job: {exc}") from None
+    if packed.sha != sha:
+        raise TrainingError(
+            f"training job: {props['job_source']} changed while `pulumi up` ran (code "
+            f"{packed.short}, expected {sha[:12]}); run `pulumi up` again"
+        )
+    archive = f"{JOBS_DIR}/.{sha}.tar.gz"
+    try:
+        node.run(["mkdir", "-p", JOBS_DIR], user=JOB_USER)
+        node.put(archive, packed.data, mode=0o644, user=JOB_USER)
+        code, out = node.run(unpack_command(archive, dest), user=JOB_USER)
+    except TransportError as exc:
+        raise TrainingError(f"training job: cannot ship the job's code: {exc}") from None
+    if code != 0:
+        said = out.decode(errors="replace").strip()[-300:]
+        raise TrainingError(f"training job: cannot unpack the job's code into {dest}: {said}")
+    print(
+        f"job code {packed.short} shipped to {dest} ({len(packed.files)} files, "
+        f"{packed.size / 1e6:.2f} MB)",
+        file=sys.stderr,
+    )
+
+
 def _test_hold_file() -> str:
     """The TEST ONLY hold file named by TEST_HOLD_FILE_ENV in this process's environment
     (inherited from the `pulumi` CLI), or "" when unset or blank."""
@@ -231,6 +276,9 @@ def _job_command(props: dict[str, Any], run_dir: str, hold_file: str = "") -> li
         "--spark-conf",
         settings["spark_conf"],
     ]
+    if settings.get("job_sha"):  # absent in the state of runs launched before jobs
+        command += ["--job-dir", f"{JOBS_DIR}/{settings['job_sha']}"]
+        command += ["--job-params", settings.get("job_params") or "{}"]
     if settings.get("strategy"):  # absent in the state of runs launched before the key
         command += ["--train-strategy", settings["strategy"]]
         command += ["--cores-per-worker", str(int(settings.get("cores_per_worker") or 1))]
@@ -254,6 +302,7 @@ class _TrainingJobProvider(ResourceProvider):
                 f"(but the last) while {hold_file} exists on the nodes",
                 file=sys.stderr,
             )
+        _ship_job(node, props)
         command = _job_command(props, run_dir, hold_file)
         print(f"launching on {node.name}: {shlex.join(command)}", file=sys.stderr)
         started = time.time()
@@ -284,6 +333,8 @@ class _TrainingJobProvider(ResourceProvider):
                 "host_dir": str(host_dir),
                 "host_files": copied,
                 "submitted_on": node.name,
+                "job": props.get("job_source", ""),
+                "code_sha": props["settings"].get("job_sha", ""),
                 "copy_command": node.copy_command(run_dir),
             },
         }
@@ -315,10 +366,13 @@ class TrainingArgs:
     # The worker nodes in order, as node records (infra.transport; a bare string is a
     # container name): the job is submitted from the first healthy one.
     submit_candidates: list[dict[str, Any]] | list[str]
-    # workers, epochs, batch_size, data, rows, strategy, cores_per_worker, spark_conf
+    # job_sha, job_params, workers, epochs, batch_size, data, rows, strategy,
+    # cores_per_worker, spark_conf
     settings: dict[str, Any]
     trigger: str  # digest of everything that should launch a new run
     host_artifacts_dir: str
+    # The job's directory on this machine (settings["job_sha"] is its packed content's sha).
+    job_source: str = ""
     # Prometheus's URL on the host (monitoring on): the run's utilisation picture comes from it.
     monitoring: pulumi.Input[str] | None = None
     node_cpus: dict[str, float] | None = None  # CPU limit per node, for the bottleneck
@@ -342,6 +396,7 @@ class Training(pulumi.ComponentResource):
                 "settings": args.settings,
                 "run_id": f"run-{args.trigger[:12]}",
                 "host_artifacts_dir": args.host_artifacts_dir,
+                "job_source": args.job_source,
                 "monitoring_url": args.monitoring or "",
                 "node_cpus": args.node_cpus or {},
                 "scrape_interval": args.scrape_interval,

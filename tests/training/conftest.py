@@ -61,8 +61,15 @@ def spark() -> Iterator[Any]:
     session.stop()
 
 
+EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
+DIGITS_JOB = str(EXAMPLES / "digits")
+
+
 def run_cli(args: list[str], timeout: int = 600) -> tuple[int, dict[str, Any], str]:
-    """Run `trainstack-train` in a fresh process; return (rc, last-line JSON, stderr)."""
+    """Run `trainstack-train` in a fresh process; return (rc, last-line JSON, stderr).
+    Without --job-dir in `args`, the job is examples/digits."""
+    if "--job-dir" not in args:
+        args = ["--job-dir", DIGITS_JOB, *args]
     proc = subprocess.run(
         [sys.executable, "-m", "trainstack_training", *args],
         capture_output=True,

@@ -15,7 +15,7 @@ from trainstack_training.config import TrainConfig
 from trainstack_training.launcher import wait_for_slots
 from trainstack_training.report import SPLIT_PARTS, time_split
 
-from .conftest import run_cli
+from .conftest import EXAMPLES, run_cli
 
 pytestmark = pytest.mark.training
 
@@ -101,17 +101,23 @@ def test_one_worker_baseline_is_comparable(
 
 
 @pytest.mark.parametrize(
-    ("victim", "epoch", "expected"),
-    [(1, 2, [1, 2, 2, 2]), (0, 3, [1, 1, 2, 2])],
-    ids=["worker-killed", "chief-killed"],
+    ("victim", "epoch", "expected", "job"),
+    [
+        (1, 2, [1, 2, 2, 2], "digits"),
+        (0, 3, [1, 1, 2, 2], "digits"),
+        (1, 2, [1, 2, 2, 2], "digits-cnn"),
+    ],
+    ids=["worker-killed", "chief-killed", "full-mode-worker-killed"],
 )
 def test_killed_worker_resumes_from_backup(
-    tmp_path: Path, victim: int, epoch: int, expected: list[int]
+    tmp_path: Path, victim: int, epoch: int, expected: list[int], job: str
 ) -> None:
     # A worker SIGKILLs its own Python process halfway through an epoch (a real crash, no
     # cleanup); Spark retries the barrier stage and both workers resume from the last backup.
+    # A full-mode job resumes too when it passes ctx.callbacks() to its fit.
     rc, s, err = run_cli(
-        ["--master", "local[2]", "--workers", "2", "--epochs", "4", "--output", str(tmp_path),
+        ["--job-dir", str(EXAMPLES / job), "--master", "local[2]", "--workers", "2",
+         "--epochs", "4", "--output", str(tmp_path),
          "--fault-kill-epoch", str(epoch), "--fault-kill-worker", str(victim)]
     )  # fmt: skip
     assert rc == 0, err[-3000:]
@@ -275,7 +281,8 @@ def test_hold_file_freezes_the_run_at_an_epoch_end_until_removed(tmp_path: Path)
     out, hold = tmp_path / "run", tmp_path / ".test-hold"
     hold.touch()
     proc = subprocess.Popen(
-        [sys.executable, "-m", "trainstack_training", "--master", "local[2]", "--workers", "2",
+        [sys.executable, "-m", "trainstack_training", "--job-dir", str(EXAMPLES / "digits"),
+         "--master", "local[2]", "--workers", "2",
          "--epochs", "2", "--output", str(out), "--hold-file", str(hold), "--no-plot"],
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=dict(os.environ),
     )  # fmt: skip

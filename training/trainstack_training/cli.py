@@ -18,13 +18,14 @@ def _fail(exc: BaseException, code: int) -> int:
 def main(argv: list[str] | None = None) -> int:
     """Run the whole job; the last stdout line is a one-line JSON summary (also on failure)."""
     from trainstack_training.data import DataError
+    from trainstack_training.job import JobError
     from trainstack_training.launcher import ClusterError, TrainingError, run
     from trainstack_training.report import summary
 
     try:
         cfg = parse_args(argv)
         metrics = run(cfg)
-    except (ConfigError, DataError, ClusterError) as exc:
+    except (ConfigError, DataError, ClusterError, JobError) as exc:
         # Bad input or a cluster that cannot run the job: nothing was trained.
         return _fail(exc, 2)
     except TrainingError as exc:

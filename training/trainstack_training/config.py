@@ -37,6 +37,17 @@ class TrainConfig:
             "(= barrier tasks); 1 is the single-machine baseline"
         },
     )
+    job_dir: str = field(
+        default="",
+        metadata={
+            "help": "the job: a directory with trainstack.toml and its Python code, on a path "
+            "every worker sees (docs/jobs.md; e.g. examples/digits)"
+        },
+    )
+    job_params: str = field(
+        default="{}",
+        metadata={"help": "JSON object of job parameters over the manifest's [params]"},
+    )
     epochs: int = field(default=5, metadata={"help": "training epochs"})
     batch_size: int = field(
         default=32,

@@ -23,7 +23,8 @@ from typing import TYPE_CHECKING, Any
 
 from trainstack_training.config import TrainConfig
 from trainstack_training.data import DataInfo, prepare
-from trainstack_training.train import EPOCH_LOG
+from trainstack_training.job import ERROR_FILE, recorded_error
+from trainstack_training.train import EPOCH_LOG, job_spec
 
 if TYPE_CHECKING:
     from pyspark import SparkContext
@@ -39,6 +40,10 @@ class ClusterError(RuntimeError):
 
 class TrainingError(RuntimeError):
     """The barrier stage failed more often than max_attempts allows."""
+
+
+class JobCodeError(TrainingError):
+    """The job's own code raised; the message is the user's error and their frames."""
 
 
 def effective_master(cfg: TrainConfig) -> str:
@@ -226,6 +231,9 @@ def run_barrier(sc: SparkContext, cfg: TrainConfig, info: DataInfo) -> list[dict
         slot_error = _slot_error(exc, cfg)
         if slot_error:  # the training stage checks slots too (see run(): small inputs)
             raise slot_error from exc
+        user_error = recorded_error(Path(cfg.output))
+        if user_error:  # the job's code raised: its error, not Spark's retries, is the news
+            raise JobCodeError(user_error) from None
         text = str(exc)
         reason = next((ln.strip() for ln in text.splitlines() if "Exception" in ln), "")
         raise TrainingError(
@@ -241,12 +249,17 @@ def run(cfg: TrainConfig) -> dict[str, Any]:
     from trainstack_training.report import build_metrics, time_split, write_outputs
 
     cfg.validate()
+    # The job's code: checked here, before Spark starts (a bad manifest, a missing entry
+    # function or a syntax error is one sentence, and nothing runs).
+    if cfg.job_dir:  # the tasks need the absolute shared path
+        cfg.job_dir = str(Path(cfg.job_dir).resolve())
+    job_spec(cfg)
     out = Path(cfg.output).resolve()
     out.mkdir(parents=True, exist_ok=True)
     cfg.output = str(out)  # the tasks need the absolute shared path
     # A backup/ left by an interrupted run is kept on purpose: the new run resumes from it,
     # and then the epoch log of the earlier epochs is kept too.
-    stale = [ATTEMPTS_LOG, ".fault-injected"]
+    stale = [ATTEMPTS_LOG, ".fault-injected", ERROR_FILE]
     if not _has_backup(out):
         stale.append(EPOCH_LOG)
     for name in stale:

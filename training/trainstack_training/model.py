@@ -1,38 +1,12 @@
-"""The model from the guide, with the input width taken from the data."""
+"""What trainstack does to a simple-mode job's Keras model before it trains it.
+
+The models themselves are the jobs' (docs/jobs.md); today's model is examples/digits.
+"""
 
 from __future__ import annotations
 
 import types
 from typing import Any
-
-
-def build_model(
-    n_features: int, n_classes: int, learning_rate: float, steps_per_execution: int = 1
-) -> Any:
-    """Dense(128, relu) -> Dropout(0.2) -> Dense(n_classes) logits; Adam; sparse CE; accuracy.
-
-    Import TensorFlow lazily: TF_CONFIG and TF_USE_LEGACY_KERAS must be set before the first
-    import (see train.configure_environment), and the driver never needs TensorFlow.
-    """
-    import tensorflow as tf
-
-    model = tf.keras.Sequential(
-        [
-            tf.keras.layers.Input(shape=(n_features,)),
-            tf.keras.layers.Dense(128, activation="relu"),
-            tf.keras.layers.Dropout(0.2),
-            tf.keras.layers.Dense(n_classes),
-        ]
-    )
-    model.compile(
-        optimizer=tf.keras.optimizers.Adam(learning_rate=learning_rate),
-        loss=tf.keras.losses.SparseCategoricalCrossentropy(from_logits=True),
-        metrics=["accuracy"],
-        # N steps per tf.function call: less Python per step (the all-reduces stay per step).
-        steps_per_execution=steps_per_execution,
-    )
-    local_step_logs(model, tf)
-    return model
 
 
 def local_step_logs(model: Any, tf: Any) -> None:

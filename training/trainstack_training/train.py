@@ -10,10 +10,8 @@ from __future__ import annotations
 import json
 import math
 import os
-import shutil
 import signal
 import sys
-import tempfile
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -23,6 +21,18 @@ from typing import Any
 from trainstack_training import metrics as push_metrics
 from trainstack_training.config import TrainConfig
 from trainstack_training.data import DataInfo, load_arrays
+from trainstack_training.job import (
+    JobContext,
+    JobError,
+    JobSpec,
+    UserCodeError,
+    call_user,
+    import_entry,
+    load_spec,
+    record_error,
+    recorded_error,
+)
+from trainstack_training.model import local_step_logs
 
 EPOCH_LOG = "epochs.jsonl"
 FAULT_MARKER = ".fault-injected"
@@ -111,15 +121,53 @@ def run_worker(
     host: str = "localhost",
     started: float = 0.0,
 ) -> WorkerResult:
-    """Train on this worker's shard with MultiWorkerMirroredStrategy (or, with
-    train_strategy=single, TensorFlow's default strategy); the chief saves."""
+    """Run the job's code on this worker's shard with MultiWorkerMirroredStrategy (or, with
+    train_strategy=single, TensorFlow's default strategy); the chief saves. An error in the
+    job's code is recorded on shared storage (a retried stage fails again at once) and raised
+    as a UserCodeError with the user's frames only."""
     marks = {"task_start": started or time.time()}
+    out = Path(cfg.output).resolve()
+    spec = job_spec(cfg)
+    earlier = recorded_error(out)
+    if earlier:  # a retry of a stage whose code failed: the same code fails the same way
+        raise UserCodeError(earlier)
     configure_environment(tf_config, cores)
     if cfg.pin_cores:
         pin_to_cores(task_index, cores)
     tf = import_tensorflow(cores)
-    from trainstack_training.model import build_model
+    try:
+        module = import_entry(spec)
+        return _run_job(cfg, info, spec, module, tf, task_index, attempt, host, marks)
+    except UserCodeError as exc:
+        record_error(out, str(exc), task_index)
+        raise
 
+
+def job_spec(cfg: TrainConfig) -> JobSpec:
+    """The run's checked job directory, with the run's parameters over the manifest's."""
+    if not cfg.job_dir:
+        raise JobError(
+            "job_dir is empty: give a job directory (trainstack.toml and your code; "
+            "docs/jobs.md), e.g. examples/digits"
+        )
+    try:
+        params = json.loads(cfg.job_params or "{}")
+    except ValueError as exc:
+        raise JobError(f"job_params is not a JSON object: {exc}") from None
+    return load_spec(cfg.job_dir, params)
+
+
+def _run_job(
+    cfg: TrainConfig,
+    info: DataInfo,
+    spec: JobSpec,
+    module: Any,
+    tf: Any,
+    task_index: int,
+    attempt: int,
+    host: str,
+    marks: dict[str, float],
+) -> WorkerResult:
     marks["tf_imported"] = time.time()
     tf.keras.utils.set_random_seed(cfg.seed)  # same initial weights on every worker
 
@@ -131,80 +179,148 @@ def run_worker(
 
     x_train, y_train = load_arrays(info.shard_dir(task_index))
     x_val, y_val = load_arrays(info.val_dir)
-    marks["data_loaded"] = time.time()
     # Every worker must run the same number of steps, or the collectives deadlock: size the
     # epoch by the smallest shard and repeat the data.
     steps_per_epoch = min(info.shard_rows) // cfg.batch_size
+    global_batch = cfg.batch_size * workers
+    epoch_timer, epoch_log, fault_injector, hold_point = _callback_classes(tf)
+    timer = epoch_timer(steps_per_epoch)
+
+    def callbacks() -> list[Any]:
+        cbs: list[Any] = [
+            # On shared storage, so a retried barrier stage resumes from the last finished epoch.
+            tf.keras.callbacks.BackupAndRestore(backup_dir=str(out / "backup")),
+            timer,
+            epoch_log(out / EPOCH_LOG, is_chief, attempt, timer, steps_per_epoch * global_batch),
+        ]
+        if cfg.fault_kill_epoch >= 1 and task_index == cfg.fault_kill_worker:
+            cbs.append(fault_injector(cfg.fault_kill_epoch, steps_per_epoch, out))
+        # The chief pushes each epoch to Prometheus's Pushgateway when one is configured.
+        cbs += push_metrics.keras_callbacks(
+            tf,
+            str(out),
+            cfg.epochs,
+            workers,
+            is_chief,
+            attempt,
+            timer,
+            steps_per_epoch * global_batch,
+        )
+        if cfg.hold_file:
+            # Last, so the epoch's backup, its epochs.jsonl row and its push are done before the
+            # hold. Every worker holds: none waits inside a collective meanwhile.
+            cbs.append(hold_point(EpochHold(cfg.hold_file, cfg.epochs, task_index, attempt)))
+        return cbs
+
+    reporter = EpochReporter(out / EPOCH_LOG, is_chief, attempt, len(x_train) * workers)
+    ctx = JobContext(
+        params=dict(spec.params),
+        rank=task_index,
+        world_size=workers,
+        is_chief=is_chief,
+        strategy=strategy,
+        tf=tf,
+        x=x_train,
+        y=y_train,
+        x_val=x_val,
+        y_val=y_val,
+        n_features=info.n_features,
+        n_classes=info.n_classes,
+        batch_size=cfg.batch_size,
+        epochs=cfg.epochs,
+        learning_rate=cfg.learning_rate,
+        seed=cfg.seed,
+        steps_per_execution=cfg.steps_per_execution,
+        steps_per_epoch=steps_per_epoch,
+        run_dir=str(out),
+        checkpoint_dir=str(out / "backup"),
+        model_path=str(out / "model.keras"),
+        attempt=attempt,
+        _callbacks=callbacks,
+        _report=reporter.report,
+    )
+    marks["data_loaded"] = time.time()
+    if spec.mode == "full":
+        marks["fit_start"] = time.time()
+        fit_start = time.perf_counter()
+        final = call_user(spec, module.train, ctx)
+        fit_seconds = time.perf_counter() - fit_start
+        marks["fit_end"] = time.time()
+        if not isinstance(final, dict):
+            raise UserCodeError(
+                f"your code failed: train(ctx) in {spec.entry_file} returned "
+                f"{type(final).__name__}; it must return a dict of final metrics"
+            )
+        if not ctx.saved:
+            raise UserCodeError(
+                f"your code failed: train(ctx) in {spec.entry_file} returned without "
+                "ctx.save_model(model): the run has no model"
+            )
+        marks["saved"] = time.time()
+        epochs_run = timer.epochs or reporter.epochs
+        return WorkerResult(
+            task_index=task_index,
+            attempt=attempt,
+            host=host,
+            epochs_run=epochs_run,
+            train_seconds=timer.total or fit_seconds,
+            fit_seconds=fit_seconds,
+            samples=epochs_run * steps_per_epoch * cfg.batch_size,
+            peak_rss_mb=peak_rss_mb(),
+            model_path=ctx.model_path if is_chief else "",
+            history={k: [float(v)] for k, v in final.items() if isinstance(v, int | float)},
+            timings=timing_breakdown(marks, timer, fit_seconds),
+        )
+
+    if spec.has_datasets:
+        arrays = call_user(spec, module.datasets, ctx)
+        (x_train, y_train), (x_val, y_val) = _check_datasets(arrays, spec, len(x_train))
     # Every worker evaluates the full validation set, in large batches (the metrics are the same
     # for any batch size; fewer steps cost less Python).
     val_batch = max(cfg.batch_size, VAL_BATCH)
-    val_steps = math.ceil(info.val_rows / val_batch)
-    global_batch = cfg.batch_size * workers
-
+    val_steps = math.ceil(len(x_val) / val_batch)
     options = input_options(tf)
 
-    def train_fn(ctx: Any) -> Any:
-        per_replica = ctx.get_per_replica_batch_size(global_batch)
+    def train_fn(input_ctx: Any) -> Any:
+        per_replica = input_ctx.get_per_replica_batch_size(global_batch)
         ds = tf.data.Dataset.from_tensor_slices((x_train, y_train))
         ds = ds.shuffle(len(x_train), seed=cfg.seed + task_index, reshuffle_each_iteration=True)
         ds = ds.batch(per_replica, drop_remainder=True).repeat().prefetch(2)
         return ds.with_options(options)
 
-    def val_fn(ctx: Any) -> Any:
+    def val_fn(input_ctx: Any) -> Any:
         ds = tf.data.Dataset.from_tensor_slices((x_val, y_val))
         return ds.batch(val_batch).repeat().prefetch(2).with_options(options)
 
     train_ds = strategy.distribute_datasets_from_function(train_fn)
     val_ds = strategy.distribute_datasets_from_function(val_fn)
     with strategy.scope():
-        model = build_model(
-            info.n_features, info.n_classes, cfg.learning_rate, cfg.steps_per_execution
-        )
-
-    epoch_timer, epoch_log, fault_injector, hold_point = _callback_classes(tf)
-    timer = epoch_timer(steps_per_epoch)
-    callbacks: list[Any] = [
-        # On shared storage, so a retried barrier stage resumes from the last finished epoch.
-        tf.keras.callbacks.BackupAndRestore(backup_dir=str(out / "backup")),
-        timer,
-        epoch_log(out / EPOCH_LOG, is_chief, attempt, timer, steps_per_epoch * global_batch),
-    ]
-    if cfg.fault_kill_epoch >= 1 and task_index == cfg.fault_kill_worker:
-        callbacks.append(fault_injector(cfg.fault_kill_epoch, steps_per_epoch, out))
-    # The chief pushes each epoch to Prometheus's Pushgateway when one is configured.
-    callbacks += push_metrics.keras_callbacks(
-        tf, str(out), cfg.epochs, workers, is_chief, attempt, timer, steps_per_epoch * global_batch
-    )
-    if cfg.hold_file:
-        # Last, so the epoch's backup, its epochs.jsonl row and its push are done before the
-        # hold. Every worker holds: none waits inside a collective meanwhile.
-        callbacks.append(hold_point(EpochHold(cfg.hold_file, cfg.epochs, task_index, attempt)))
+        model = call_user(spec, module.build_model, ctx)
+        if not hasattr(model, "fit") or getattr(model, "optimizer", None) is None:
+            raise UserCodeError(
+                f"your code failed: build_model(ctx) in {spec.entry_file} returned "
+                f"{type(model).__name__}; it must return a compiled Keras model "
+                "(call model.compile(...) before returning it)"
+            )
+    local_step_logs(model, tf)
 
     marks["fit_start"] = time.time()
     fit_start = time.perf_counter()
+    # trainstack's own fit (not wrapped as the user's code: a lost peer must reach Spark's
+    # retry as it is).
     history = model.fit(
         train_ds,
         epochs=cfg.epochs,
         steps_per_epoch=steps_per_epoch,
         validation_data=val_ds,
         validation_steps=val_steps,
-        callbacks=callbacks,
+        callbacks=callbacks(),
         verbose=0,
     )
     fit_seconds = time.perf_counter() - fit_start
     marks["fit_end"] = time.time()
 
-    # Every worker saves (saving may need all of them); only the chief's copy is kept.
-    model_path = str(out / "model.keras")
-    if is_chief:
-        model.save(model_path)
-    else:
-        tmp = tempfile.mkdtemp(prefix=f"trainstack-worker{task_index}-")
-        try:
-            model.save(str(Path(tmp) / "model.keras"))
-        finally:
-            shutil.rmtree(tmp, ignore_errors=True)
-        model_path = ""
+    ctx.save_model(model)
     marks["saved"] = time.time()
     return WorkerResult(
         task_index=task_index,
@@ -215,7 +331,7 @@ def run_worker(
         fit_seconds=fit_seconds,
         samples=timer.epochs * steps_per_epoch * cfg.batch_size,
         peak_rss_mb=peak_rss_mb(),
-        model_path=model_path,
+        model_path=ctx.model_path if is_chief else "",
         history={k: [float(v) for v in vs] for k, vs in history.history.items()},
         timings=timing_breakdown(marks, timer, fit_seconds),
     )
@@ -418,3 +534,61 @@ def _callback_classes(tf: Any) -> tuple[Any, Any, Any, Any]:
             self.hold.after_epoch(epoch + 1)
 
     return EpochTimer, EpochLog, FaultInjector, HoldPoint
+
+
+def _check_datasets(arrays: Any, spec: JobSpec, rows: int) -> tuple[Any, Any]:
+    """The arrays `datasets(ctx)` returned, checked: ((x, y), (x_val, y_val)), each pair of
+    equal length, the shard's rows kept (every worker must run the same number of steps)."""
+    where = f"datasets(ctx) in {spec.entry_file}"
+    try:
+        (x, y), (x_val, y_val) = arrays
+        lengths = [len(x), len(y), len(x_val), len(y_val)]
+    except (TypeError, ValueError):
+        raise UserCodeError(
+            f"your code failed: {where} must return ((x, y), (x_val, y_val)) arrays, "
+            f"not {type(arrays).__name__}"
+        ) from None
+    if lengths[0] != lengths[1] or lengths[2] != lengths[3]:
+        raise UserCodeError(
+            f"your code failed: {where} returned x/y of {lengths[0]}/{lengths[1]} rows and "
+            f"x_val/y_val of {lengths[2]}/{lengths[3]}: each pair must have the same length"
+        )
+    if lengths[0] != rows:
+        raise UserCodeError(
+            f"your code failed: {where} returned {lengths[0]} training rows for a shard of "
+            f"{rows}: transform the rows, do not add or drop any (the workers' step counts "
+            "must match)"
+        )
+    return (x, y), (x_val, y_val)
+
+
+class EpochReporter:
+    """`ctx.report(...)` of a full-mode job: the chief's rows in epochs.jsonl (as the Keras
+    epoch log writes them) and its push to the Pushgateway when one is configured."""
+
+    def __init__(self, path: Path, enabled: bool, attempt: int, samples: int) -> None:
+        self.path, self.enabled, self.attempt, self.samples = path, enabled, attempt, samples
+        self.epochs = 0
+        self.last = time.perf_counter()
+        gateway = push_metrics.pushgateway_url()
+        self.pusher: Any = None
+        if enabled and gateway:
+            self.pusher = push_metrics.EpochPusher(gateway, path.parent.name, 0, 0)
+
+    def report(self, metrics: dict[str, float]) -> None:
+        now = time.perf_counter()
+        seconds, self.last = now - self.last, now
+        self.epochs += 1
+        if not self.enabled:
+            return
+        row = {
+            "epoch": int(metrics.pop("epoch", self.epochs)),
+            "attempt": self.attempt,
+            "train_seconds": seconds,
+            "samples": int(metrics.pop("samples", self.samples)),
+            **metrics,
+        }
+        with self.path.open("a") as fh:
+            fh.write(json.dumps(row) + "\n")
+        if self.pusher is not None:
+            self.pusher.push(row["epoch"], self.attempt, metrics, row["samples"] / seconds)

@@ -1,0 +1,95 @@
+"""The job contract end to end in local[2] (real Spark, real TensorFlow): both examples
+train, a job's parameters reach its code, and a bad job or an error in the job's code is
+one clear failure naming the user's file and line."""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+
+import pytest
+
+from .conftest import EXAMPLES, run_cli
+
+pytestmark = pytest.mark.training
+
+
+def _job(root: Path, files: dict[str, str]) -> Path:
+    for name, text in files.items():
+        (root / name).parent.mkdir(parents=True, exist_ok=True)
+        (root / name).write_text(text)
+    return root
+
+
+def test_the_convolutional_example_trains_in_full_mode(tmp_path):
+    rc, s, err = run_cli(
+        ["--job-dir", str(EXAMPLES / "digits-cnn"), "--epochs", "8", "--output", str(tmp_path)]
+    )
+    assert rc == 0, err[-3000:]
+    assert s["final_val_accuracy"] >= 0.85 and s["epochs"] == 8, s
+    metrics = json.loads(Path(s["metrics_path"]).read_text())
+    assert len(metrics["val_accuracy"]) == 8  # the curves come from ctx.callbacks()'s log
+    assert (tmp_path / "curves.png").stat().st_size > 0
+
+
+def test_params_reach_the_code_and_datasets_transform_the_shard(tmp_path):
+    job = _job(
+        tmp_path / "job",
+        {
+            "trainstack.toml": '[job]\nentry = "m"\n[params]\nunits = 4\n',
+            "m.py": (
+                "def datasets(ctx):\n"
+                "    return (ctx.x * 0.5, ctx.y), (ctx.x_val * 0.5, ctx.y_val)\n\n"
+                "def build_model(ctx):\n"
+                "    tf = ctx.tf\n"
+                "    assert ctx.params == {'units': 7}, ctx.params\n"
+                "    m = tf.keras.Sequential([tf.keras.layers.Input((ctx.n_features,)),\n"
+                "        tf.keras.layers.Dense(ctx.params['units'], activation='relu'),\n"
+                "        tf.keras.layers.Dense(ctx.n_classes)])\n"
+                "    m.compile('adam', tf.keras.losses.SparseCategoricalCrossentropy(True),\n"
+                "        metrics=['accuracy'])\n"
+                "    return m\n"
+            ),
+        },
+    )
+    rc, s, err = run_cli(
+        ["--job-dir", str(job), "--job-params", '{"units": 7}', "--epochs", "2",
+         "--output", str(tmp_path / "out"), "--no-plot"]
+    )  # fmt: skip
+    assert rc == 0, err[-3000:]
+    assert s["epochs"] == 2
+
+
+def test_an_error_in_the_users_code_names_their_file_and_line_and_is_not_retried(tmp_path):
+    job = _job(
+        tmp_path / "job",
+        {
+            "trainstack.toml": '[job]\nentry = "m"\n',
+            "m.py": "def build_model(ctx):\n    return ctx.params['missing']\n",
+        },
+    )
+    started = time.monotonic()
+    rc, s, _ = run_cli(["--job-dir", str(job), "--output", str(tmp_path / "out")])
+    assert rc == 1 and s["ok"] is False and s["kind"] == "JobCodeError", s
+    assert s["error"].startswith("your code failed: KeyError: 'missing' (at m.py:2)")
+    assert 'File "m.py", line 2, in build_model' in s["error"]
+    assert "trainstack_training" not in s["error"] and "pyspark" not in s["error"]
+    # The retried attempts fail at once on the recorded error: no code reruns, no hang.
+    assert time.monotonic() - started < 120
+
+
+@pytest.mark.parametrize(
+    ("files", "message"),
+    [
+        ({"m.py": "def build_model(ctx): ..."}, "no trainstack.toml"),
+        ({"trainstack.toml": '[job]\nentry = "m"\n', "m.py": "x = 1\n"}, "defines neither"),
+    ],
+    ids=["no-manifest", "no-entry-function"],
+)
+def test_a_bad_job_directory_fails_before_spark_starts(tmp_path, files, message):
+    job = _job(tmp_path / "job", files)
+    started = time.monotonic()
+    rc, s, _ = run_cli(["--job-dir", str(job), "--output", str(tmp_path / "out")])
+    assert rc == 2 and s["kind"] == "JobError" and message in s["error"], s
+    assert time.monotonic() - started < 30

@@ -1,0 +1,155 @@
+"""The job contract's checks (trainstack_training.job.load_spec), run on the host before
+anything is launched: each bad job directory is one sentence naming the file and the fix."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from trainstack_training.job import (
+    JobError,
+    UserCodeError,
+    call_user,
+    is_cluster_failure,
+    load_spec,
+    user_frames,
+    where,
+)
+
+from infra.config import ConfigError, StackConfig
+
+pytestmark = pytest.mark.unit
+
+EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
+
+
+def _job(tmp_path: Path, manifest: str, files: dict[str, str]) -> Path:
+    (tmp_path / "trainstack.toml").write_text(manifest)
+    for name, text in files.items():
+        path = tmp_path / name
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(text)
+    return tmp_path
+
+
+@pytest.mark.parametrize(
+    ("example", "mode", "entry"),
+    [("digits", "simple", "model.py"), ("digits-cnn", "full", "cnn.py")],
+)
+def test_the_examples_are_valid_jobs(example, mode, entry):
+    spec = load_spec(EXAMPLES / example)
+    assert (spec.mode, spec.entry_file) == (mode, entry)
+    assert spec.params
+
+
+def test_params_from_the_stack_override_the_manifest():
+    spec = load_spec(EXAMPLES / "digits", {"dropout": 0.5, "extra": "x"})
+    assert spec.params == {"hidden_units": 128, "dropout": 0.5, "extra": "x"}
+
+
+def test_a_package_entry_and_datasets_are_found(tmp_path):
+    job = _job(
+        tmp_path,
+        '[job]\nentry = "pkg.train_me"\n',
+        {
+            "pkg/__init__.py": "",
+            "pkg/train_me.py": "def build_model(ctx): ...\ndef datasets(ctx): ...",
+        },
+    )
+    spec = load_spec(job)
+    assert (spec.mode, spec.has_datasets, spec.entry_file) == (
+        "simple",
+        True,
+        "pkg/train_me.py",
+    )
+
+
+BAD = [
+    ("", {}, "needs a [job] table"),
+    ('[job]\nentry = "m"\n[other]\n', {"m.py": "def train(ctx): ..."}, "unknown tables/keys"),
+    ('[job]\nentry = "m"\nmain = 1\n', {"m.py": "def train(ctx): ..."}, "unknown [job] keys"),
+    ('[job]\nentry = "m.py"\n', {"m.py": "def train(ctx): ..."}, "without .py"),
+    ('[job]\nentry = "my-job"\n', {}, "must be a module name"),
+    ('[job]\nentry = "nope"\n', {}, "no nope.py or nope/__init__.py"),
+    ('[job]\nentry = "m"\n', {"m.py": "def helper(ctx): ..."}, "defines neither build_model"),
+    (
+        '[job]\nentry = "m"\n',
+        {"m.py": "def train(ctx): ...\ndef build_model(ctx): ..."},
+        "defines both",
+    ),
+    ('[job]\nentry = "m"\n', {"m.py": "def train(ctx):\n  return (\n"}, "m.py:2: syntax error"),
+    ('[job\nentry = "m"\n', {}, "not valid TOML"),
+    ('[job]\nentry = "m"\nrequirements = "r.txt"\n', {"m.py": "def train(c): ..."}, "does not"),
+    (
+        '[job]\nentry = "m"\nrequirements = "r.txt"\n',
+        {"m.py": "def train(c): ...", "r.txt": "# pins\nlightgbm==4.0\n"},
+        "asks for lightgbm==4.0: installing a job's own packages is not supported yet",
+    ),
+    ('[job]\nentry = "m"\n[params]\nx = 1\n', {"m.py": "def train(c): ..."}, None),
+]
+
+
+@pytest.mark.parametrize(("manifest", "files", "message"), BAD)
+def test_a_bad_job_directory_is_one_sentence(tmp_path, manifest, files, message):
+    job = _job(tmp_path, manifest, files)
+    if message is None:
+        assert load_spec(job).params == {"x": 1}
+        return
+    with pytest.raises(JobError) as err:
+        load_spec(job)
+    text = str(err.value)
+    assert message in text and str(job) in text
+    assert "\n" not in text
+
+
+def test_a_missing_directory_or_manifest_is_named(tmp_path):
+    with pytest.raises(JobError, match="does not exist"):
+        load_spec(tmp_path / "absent")
+    with pytest.raises(JobError, match=r"no trainstack\.toml"):
+        load_spec(tmp_path)
+
+
+def test_user_frames_keep_only_the_users_files(tmp_path):
+    job = _job(tmp_path, '[job]\nentry = "m"\n', {"m.py": "def f(d):\n    return d['k']\n"})
+    namespace: dict = {}
+    exec(compile((job / "m.py").read_text(), str(job / "m.py"), "exec"), namespace)
+    try:
+        namespace["f"]({})
+    except KeyError as exc:
+        text = user_frames(exc, str(job))
+        assert where(exc, str(job)) == "m.py:2"
+    assert 'File "m.py", line 2, in f' in text
+    assert "test_job_contract.py" not in text
+    assert text.rstrip().endswith("KeyError: 'k'")
+
+
+def test_the_stack_config_checks_the_job_before_anything(tmp_path):
+    with pytest.raises(ConfigError, match=r"trainstack:job: job directory .* does not exist"):
+        StackConfig.from_mapping({"job": str(tmp_path / "absent")})
+    with pytest.raises(ConfigError, match=r"trainstack:jobParams: .* is not a JSON object"):
+        StackConfig.from_mapping({"jobParams": "[1, 2]"})
+    config = StackConfig.from_mapping({"job": "examples/digits-cnn", "jobParams": '{"filters": 8}'})
+    assert config.job_path == EXAMPLES / "digits-cnn"
+    assert config.job_params_dict == {"filters": 8}
+    # With training off, the job is not looked at.
+    StackConfig.from_mapping({"train": "false", "job": str(tmp_path / "absent")})
+
+
+def test_a_lost_peer_is_a_cluster_failure_not_the_users_error(tmp_path):
+    # TensorFlow's collective errors (a killed worker) go to Spark's retry as they are.
+    unavailable = type("UnavailableError", (Exception,), {"__module__": "tensorflow.errors"})
+    job = _job(tmp_path, '[job]\nentry = "m"\n', {"m.py": "def train(ctx): ..."})
+    spec = load_spec(job)
+
+    def fit() -> None:
+        try:
+            raise unavailable("Collective ops is aborted by: peer down")
+        except Exception as exc:
+            raise RuntimeError("wrapped") from exc
+
+    with pytest.raises(RuntimeError, match="wrapped"):
+        call_user(spec, fit)
+    assert is_cluster_failure(unavailable("x"))
+    assert not is_cluster_failure(type("UnavailableError", (Exception,), {})("mine"))
+    with pytest.raises(UserCodeError, match=r"your code failed: KeyError: 'k'"):
+        call_user(spec, lambda: {}["k"])

@@ -1,0 +1,360 @@
+"""The job contract: what a user's training code gives trainstack, and what it gets back.
+
+A job is a directory with a manifest, ``trainstack.toml``, and the user's Python code::
+
+    [job]
+    entry = "model"          # a module of this directory: model.py or model/__init__.py
+    # requirements = "requirements.txt"   # extra packages: refused for now (docs/jobs.md)
+
+    [params]                 # defaults; the stack's trainstack:jobParams override them
+    learning_rate = 0.001
+
+The entry module offers one of two modes (docs/jobs.md):
+
+- **simple**: ``build_model(ctx)`` returns a compiled Keras model, built inside the strategy's
+  scope; an optional ``datasets(ctx)`` returns ``((x, y), (x_val, y_val))`` NumPy arrays made
+  from ``ctx``'s shard (a reshape, a feature transform). trainstack runs ``fit`` with the
+  backup/resume, per-epoch metrics, the chief-only save, the curves and the time split.
+- **full**: ``train(ctx)`` trains itself, saves with ``ctx.save_model(model)`` and returns a
+  dict of final metrics. ``ctx.callbacks()`` gives trainstack's Keras callbacks (backup and
+  resume, the epoch log, the pushed progress); a loop without Keras calls ``ctx.report``.
+
+Nothing here imports TensorFlow: the host checks a job directory (``load_spec``) before
+anything is launched, by reading the manifest and the entry module's syntax tree (the user's
+imports are not run on the host, which may lack their packages).
+"""
+
+from __future__ import annotations
+
+import ast
+import importlib
+import json
+import re
+import sys
+import time
+import tomllib
+import traceback
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+MANIFEST = "trainstack.toml"
+ERROR_FILE = ".job-error.json"  # in the run directory: the user's error, for retries and driver
+_MODULE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*$")
+_JOB_KEYS = ("entry", "requirements")
+_TOP_KEYS = ("job", "params")
+SIMPLE_FUNCTIONS = ("build_model", "datasets")
+FULL_FUNCTION = "train"
+
+
+class JobError(ValueError):
+    """The job directory cannot be run; the message names the file, the value and the fix."""
+
+
+class UserCodeError(RuntimeError):
+    """The user's code raised; the message is their error and their frames only."""
+
+
+@dataclass(frozen=True)
+class JobSpec:
+    """A checked job directory."""
+
+    directory: str
+    entry: str  # module name, importable with `directory` on sys.path
+    entry_file: str  # path of the entry module, relative to `directory`
+    mode: str  # "simple" or "full"
+    has_datasets: bool
+    params: dict[str, Any] = field(default_factory=dict)
+    requirements: str = ""
+
+
+def _fail(directory: Path, what: str) -> JobError:
+    return JobError(f"job directory {str(directory)!r}: {what}")
+
+
+def _entry_file(directory: Path, entry: str) -> Path | None:
+    base = directory.joinpath(*entry.split("."))
+    for candidate in (base.with_suffix(".py"), base / "__init__.py"):
+        if candidate.is_file():
+            return candidate
+    return None
+
+
+def _top_functions(path: Path, directory: Path) -> set[str]:
+    try:
+        tree = ast.parse(path.read_text(), filename=str(path))
+    except SyntaxError as exc:
+        raise _fail(
+            directory,
+            f"{path.relative_to(directory)}:{exc.lineno}: syntax error: {exc.msg}",
+        ) from None
+    except (OSError, UnicodeDecodeError) as exc:
+        raise _fail(directory, f"cannot read {path.relative_to(directory)}: {exc}") from None
+    return {
+        node.name for node in tree.body if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef)
+    }
+
+
+def _check_params(directory: Path, params: Any, where: str) -> dict[str, Any]:
+    if not isinstance(params, dict):
+        raise _fail(directory, f"{where} must be a table of name = value, not {params!r}")
+    try:
+        json.dumps(params)
+    except (TypeError, ValueError) as exc:
+        raise _fail(
+            directory, f"{where}: values must be numbers, strings, lists or tables: {exc}"
+        ) from None
+    return params
+
+
+def load_spec(directory: str | Path, params: dict[str, Any] | None = None) -> JobSpec:
+    """Check a job directory and return its spec; ``params`` override the manifest's.
+
+    Raises JobError, one sentence naming the file and the value, for: a missing directory or
+    manifest, bad TOML, unknown keys, a bad or missing entry module, a syntax error in it, an
+    entry module with neither or both of ``build_model`` and ``train``, and requirements.
+    """
+    directory = Path(directory)
+    if not directory.is_dir():
+        raise JobError(f"job directory {str(directory)!r} does not exist or is not a directory")
+    manifest = directory / MANIFEST
+    if not manifest.is_file():
+        raise _fail(directory, f"no {MANIFEST} in it (a job directory needs one: docs/jobs.md)")
+    try:
+        values = tomllib.loads(manifest.read_text())
+    except tomllib.TOMLDecodeError as exc:
+        raise _fail(directory, f"{MANIFEST} is not valid TOML: {exc}") from None
+    unknown = sorted(set(values) - set(_TOP_KEYS))
+    if unknown:
+        raise _fail(
+            directory, f"{MANIFEST}: unknown tables/keys {unknown}; allowed: [job], [params]"
+        )
+    job = values.get("job")
+    if not isinstance(job, dict):
+        raise _fail(directory, f'{MANIFEST} needs a [job] table with entry = "<module>"')
+    unknown = sorted(set(job) - set(_JOB_KEYS))
+    if unknown:
+        raise _fail(
+            directory, f"{MANIFEST}: unknown [job] keys {unknown}; allowed: {list(_JOB_KEYS)}"
+        )
+    entry = job.get("entry")
+    if isinstance(entry, str) and entry.endswith(".py"):
+        raise _fail(
+            directory,
+            f"{MANIFEST}: [job] entry = {entry!r}: write the module's name without .py "
+            f"(entry = {entry[:-3]!r})",
+        )
+    if not isinstance(entry, str) or not _MODULE.match(entry):
+        raise _fail(
+            directory,
+            f'{MANIFEST}: [job] entry = {entry!r} must be a module name such as "model" '
+            'or "mypkg.train"',
+        )
+    entry_path = _entry_file(directory, entry)
+    if entry_path is None:
+        dotted = entry.replace(".", "/")
+        raise _fail(
+            directory, f"entry module {entry!r} not found: no {dotted}.py or {dotted}/__init__.py"
+        )
+    functions = _top_functions(entry_path, directory)
+    rel = str(entry_path.relative_to(directory))
+    has_full, has_simple = FULL_FUNCTION in functions, "build_model" in functions
+    if has_full and has_simple:
+        raise _fail(
+            directory,
+            f"{rel} defines both train(ctx) and build_model(ctx); define one: train for full "
+            "mode, build_model (and optionally datasets) for simple mode",
+        )
+    if not (has_full or has_simple):
+        raise _fail(
+            directory,
+            f"{rel} defines neither build_model(ctx) (simple mode) nor train(ctx) (full mode) "
+            "at module level",
+        )
+    requirements = job.get("requirements", "")
+    if requirements:
+        req_path = directory / str(requirements)
+        wanted = []
+        if req_path.is_file():
+            wanted = [
+                ln.strip()
+                for ln in req_path.read_text().splitlines()
+                if ln.strip() and not ln.strip().startswith("#")
+            ]
+        elif not req_path.exists():
+            raise _fail(directory, f"{MANIFEST}: requirements = {requirements!r} does not exist")
+        if wanted:
+            raise _fail(
+                directory,
+                f"{requirements} asks for {', '.join(wanted[:5])}: installing a job's own "
+                "packages is not supported yet (the nodes have TensorFlow, Keras, NumPy, "
+                "pandas, pyarrow and scikit-learn; docs/jobs.md), so the job is refused rather "
+                "than run without them",
+            )
+    merged = {
+        **_check_params(directory, values.get("params", {}), "[params]"),
+        **_check_params(directory, params or {}, "the stack's job parameters"),
+    }
+    return JobSpec(
+        directory=str(directory),
+        entry=entry,
+        entry_file=rel,
+        mode="full" if has_full else "simple",
+        has_datasets="datasets" in functions,
+        params=merged,
+        requirements=str(requirements or ""),
+    )
+
+
+def import_entry(spec: JobSpec) -> ModuleType:
+    """Import the entry module with the job directory first on sys.path (in a fresh process:
+    Spark starts one per task). An import error is the user's error, with their frames."""
+    directory = str(Path(spec.directory).resolve())
+    if directory not in sys.path:
+        sys.path.insert(0, directory)
+    importlib.invalidate_caches()
+    return call_user(spec, importlib.import_module, spec.entry)
+
+
+def user_frames(exc: BaseException, directory: str) -> str:
+    """The traceback of ``exc`` trimmed to the frames in the user's files (all frames when
+    none is theirs), ending with the exception line."""
+    root = str(Path(directory).resolve())
+    frames = traceback.extract_tb(exc.__traceback__)
+    mine = [f for f in frames if str(Path(f.filename).resolve()).startswith(root + "/")]
+    for f in mine:
+        f.filename = str(Path(f.filename).resolve().relative_to(root))
+    lines = traceback.format_list(mine or frames)
+    lines += traceback.format_exception_only(type(exc), exc)
+    return "Traceback (your code, most recent call last):\n" + "".join(lines).rstrip()
+
+
+def where(exc: BaseException, directory: str) -> str:
+    """``file:line`` of the innermost frame of the user's code, or ""."""
+    root = str(Path(directory).resolve())
+    for f in reversed(traceback.extract_tb(exc.__traceback__)):
+        path = str(Path(f.filename).resolve())
+        if path.startswith(root + "/"):
+            return f"{Path(path).relative_to(root)}:{f.lineno}"
+    if isinstance(exc, SyntaxError) and exc.filename:
+        path = str(Path(exc.filename).resolve())
+        if path.startswith(root + "/"):
+            return f"{Path(path).relative_to(root)}:{exc.lineno}"
+    return ""
+
+
+# TensorFlow's errors for a lost peer or a broken collective: a worker died or the cluster
+# failed, not the user's code. They stay as they are, so Spark retries the stage and the
+# workers resume from the backup.
+CLUSTER_FAILURES = frozenset(
+    {"UnavailableError", "AbortedError", "CancelledError", "DeadlineExceededError"}
+)
+
+
+def is_cluster_failure(exc: BaseException) -> bool:
+    """Whether `exc`, or an exception it was raised from, is TensorFlow's report of a lost
+    peer or a failed collective."""
+    seen: set[int] = set()
+    current: BaseException | None = exc
+    while current is not None and id(current) not in seen:
+        seen.add(id(current))
+        kind = type(current)
+        if kind.__name__ in CLUSTER_FAILURES and kind.__module__.startswith("tensorflow"):
+            return True
+        current = current.__cause__ or current.__context__
+    return False
+
+
+def call_user(spec: JobSpec, fn: Callable[..., Any], *args: Any) -> Any:
+    """Call the user's code; an exception becomes a UserCodeError with their frames, except
+    a cluster failure (`is_cluster_failure`), which Spark's retry handles."""
+    try:
+        return fn(*args)
+    except Exception as exc:
+        if is_cluster_failure(exc):
+            raise
+        at = where(exc, spec.directory)
+        head = f"{type(exc).__name__}: {exc}" + (f" (at {at})" if at else "")
+        raise UserCodeError(
+            f"your code failed: {head}\n{user_frames(exc, spec.directory)}"
+        ) from exc
+
+
+def record_error(run_dir: Path, message: str, rank: int) -> None:
+    """Keep the first user error of the run on shared storage: a retried barrier stage fails
+    again at once instead of rerunning the code, and the driver reports it."""
+    path = run_dir / ERROR_FILE
+    if not path.exists():
+        path.write_text(json.dumps({"rank": rank, "error": message, "at": time.time()}))
+
+
+def recorded_error(run_dir: Path) -> str:
+    path = run_dir / ERROR_FILE
+    try:
+        return str(json.loads(path.read_text())["error"])
+    except (OSError, ValueError, KeyError):
+        return ""
+
+
+@dataclass
+class JobContext:
+    """What the user's functions get (``ctx``); see docs/jobs.md."""
+
+    params: dict[str, Any]
+    rank: int
+    world_size: int
+    is_chief: bool
+    strategy: Any
+    tf: Any
+    x: Any  # this worker's shard: features, shape (rows, n_features)
+    y: Any  # and integer labels
+    x_val: Any  # the validation set (every worker has all of it)
+    y_val: Any
+    n_features: int
+    n_classes: int
+    batch_size: int  # per worker; the global batch is batch_size x world_size
+    epochs: int
+    learning_rate: float
+    seed: int
+    steps_per_execution: int  # for model.compile(steps_per_execution=...)
+    steps_per_epoch: int  # the same on every worker (the smallest shard's), or collectives hang
+    run_dir: str
+    checkpoint_dir: str
+    model_path: str
+    attempt: int = 0
+    _callbacks: Callable[[], list[Any]] | None = None
+    _report: Callable[[dict[str, Any]], None] | None = None
+    saved: bool = False
+
+    @property
+    def global_batch_size(self) -> int:
+        return self.batch_size * self.world_size
+
+    def callbacks(self) -> list[Any]:
+        """trainstack's Keras callbacks for a full-mode ``fit``: backup and resume from
+        ``checkpoint_dir``, the epoch log (epochs.jsonl, the curves), the pushed progress."""
+        return self._callbacks() if self._callbacks else []
+
+    def report(self, **metrics: float) -> None:
+        """Record one finished epoch (a loop without Keras callbacks): reaches epochs.jsonl,
+        the Pushgateway and the curves. Only the chief's reports are kept."""
+        if self._report:
+            self._report({k: float(v) for k, v in metrics.items()})
+
+    def save_model(self, model: Any) -> None:
+        """Save the trained Keras model: every worker calls it (saving may need all of them);
+        the chief's copy is the run's model."""
+        import shutil
+        import tempfile
+
+        if self.is_chief:
+            model.save(self.model_path)
+        else:
+            tmp = tempfile.mkdtemp(prefix=f"trainstack-worker{self.rank}-")
+            try:
+                model.save(str(Path(tmp) / "model.keras"))
+            finally:
+                shutil.rmtree(tmp, ignore_errors=True)
+        self.saved = True
