@@ -213,6 +213,18 @@ def main() -> None:
 
     assert job is not None  # config.train
     settings = training_settings(config, job.sha)
+    # What `trainstack submit` needs (infra/jobs/cli.py): the nodes that may submit, and the
+    # stack's training settings as a submitted job's defaults.
+    pulumi.export("jobNodes", submit_candidates)
+    pulumi.export(
+        "jobDefaults",
+        pulumi.Output.from_input(cluster.spark_master_url).apply(
+            lambda url: {
+                **{k: v for k, v in settings.items() if k not in ("job_sha", "job_params")},
+                "master_url": url,
+            }
+        ),
+    )
     training = Training(
         "training",
         TrainingArgs(

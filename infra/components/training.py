@@ -23,23 +23,23 @@ import pulumi
 from pulumi.dynamic import CreateResult, DiffResult, Resource, ResourceProvider, UpdateResult
 
 from infra.errors import UserFacingError, short_provider_errors, write_details
+from infra.jobs.remote import (
+    JOB_USER,
+    JOBS_DIR,
+    MODELS_DIR,
+    NODE_ENV,
+    NODE_VENV,
+    QUEUE_LOCK,
+    RemoteError,
+    ship_directory,
+    submitter,
+)
 from infra.transport import Transport, TransportError, transports_for
+
+__all__ = ["JOBS_DIR", "JOB_USER", "MODELS_DIR", "NODE_ENV", "NODE_VENV", "Training"]
 
 short_provider_errors()
 
-NODE_VENV = "/opt/trainstack/venv"
-MODELS_DIR = "/srv/trainstack/models"
-# The jobs' code, content-addressed (<sha>/), on the same shared volume as the runs.
-JOBS_DIR = f"{MODELS_DIR}/jobs"
-JOB_USER = "trainstack"
-# What a login shell on a node gets from /etc/profile.d/trainstack.sh: Spark's client config
-# (the multi-master URL, spark.authenticate and the secret) and the Python that executors
-# must run (the node's venv, which has the training package).
-NODE_ENV = {
-    "SPARK_CONF_DIR": "/etc/trainstack/spark",
-    "PYSPARK_PYTHON": f"{NODE_VENV}/bin/python",
-    "PYTHONUNBUFFERED": "1",
-}
 # TEST ONLY: when the `pulumi` process has this variable (a path on the cluster's shared
 # storage, e.g. /srv/trainstack/models/.test-hold), the job is launched with `--hold-file` and
 # every worker waits at an epoch end while that file exists (docs/training.md, "Test-only
@@ -119,45 +119,11 @@ def _candidates(props: dict[str, Any]) -> list[Transport]:
 
 
 def _submitter(candidates: list[Any]) -> Transport:
-    """The first candidate that is reachable and can start the job (the training package is
-    installed): no single node is required to launch or resume a run, because the run's
-    directory, data and backup are on storage every node mounts. `candidates`: transports,
-    or node records."""
-    nodes: list[Transport] = (
-        list(candidates)
-        if all(isinstance(c, Transport) for c in candidates)
-        else transports_for(candidates)
-    )
-    why = []
-    for node in nodes:
-        try:
-            reason = node.unavailable()
-        except TransportError as exc:  # nothing reachable at all (no Docker engine)
-            raise TrainingError(f"training job: {exc}") from None
-        if reason:
-            why.append(f"{node.name}: {reason}")
-            continue
-        try:
-            code, _ = node.run(["test", "-x", f"{NODE_VENV}/bin/trainstack-train"])
-        except TransportError as exc:
-            why.append(f"{node.name}: cannot run a command ({_reason(exc)})")
-            continue
-        if code != 0:
-            why.append(
-                f"{node.name}: {NODE_VENV}/bin/trainstack-train is missing (not provisioned)"
-            )
-            continue
-        if why:
-            print(f"submitting from {node.name}; skipped {'; '.join(why)}", file=sys.stderr)
-        return node
-    remedies = list(dict.fromkeys(node.remedy for node in nodes)) or ["start one"]
-    raise TrainingError(
-        "training job: no worker node can submit the job ("
-        + "; ".join(why)
-        + "); "
-        + " or ".join(remedies)
-        + " and run `pulumi up` again"
-    )
+    """The first candidate that is reachable and can start the job (infra.jobs.remote)."""
+    try:
+        return submitter(candidates)
+    except RemoteError as exc:
+        raise TrainingError(str(exc)) from None
 
 
 def _reason(exc: TransportError) -> str:
@@ -205,46 +171,14 @@ def _stop_earlier_launches(candidates: list[Transport], run_dir: str, grace_s: i
 
 
 def _ship_job(node: Transport, props: dict[str, Any]) -> None:
-    """Put the job's code on the cluster's shared storage at JOBS_DIR/<sha> (once per sha:
-    the same code is not shipped again). Packed again here from the host directory; a
-    directory that changed since the program read it is refused, not run unseen."""
+    """Put the job's code on the cluster's shared storage at JOBS_DIR/<sha> (once per sha)."""
     sha = props["settings"].get("job_sha")
     if not sha:
         return
-    from infra.jobs import JobDirError, pack, unpack_command
-
-    dest = f"{JOBS_DIR}/{sha}"
     try:
-        code, _ = node.run(["test", "-f", f"{dest}/trainstack.toml"], user=JOB_USER)
-    except TransportError as exc:
-        raise TrainingError(f"training job: cannot ship the job's code: {exc}") from None
-    if code == 0:
-        print(f"job code {sha[:12]} is on the cluster already", file=sys.stderr)
-        return
-    try:
-        packed = pack(Path(props["job_source"]))
-    except JobDirError as exc:
+        ship_directory(node, props["job_source"], sha)
+    except RemoteError as exc:
         raise TrainingError(f"training job: {exc}") from None
-    if packed.sha != sha:
-        raise TrainingError(
-            f"training job: {props['job_source']} changed while `pulumi up` ran (code "
-            f"{packed.short}, expected {sha[:12]}); run `pulumi up` again"
-        )
-    archive = f"{JOBS_DIR}/.{sha}.tar.gz"
-    try:
-        node.run(["mkdir", "-p", JOBS_DIR], user=JOB_USER)
-        node.put(archive, packed.data, mode=0o644, user=JOB_USER)
-        code, out = node.run(unpack_command(archive, dest), user=JOB_USER)
-    except TransportError as exc:
-        raise TrainingError(f"training job: cannot ship the job's code: {exc}") from None
-    if code != 0:
-        said = out.decode(errors="replace").strip()[-300:]
-        raise TrainingError(f"training job: cannot unpack the job's code into {dest}: {said}")
-    print(
-        f"job code {packed.short} shipped to {dest} ({len(packed.files)} files, "
-        f"{packed.size / 1e6:.2f} MB)",
-        file=sys.stderr,
-    )
 
 
 def _test_hold_file() -> str:
@@ -258,6 +192,9 @@ def _job_command(props: dict[str, Any], run_dir: str, hold_file: str = "") -> li
     TEST_HOLD_FILE_ENV ("" = no hold hook)."""
     settings = props["settings"]
     command = [
+        # One barrier job at a time: jobs from `trainstack submit` take the same lock.
+        "flock",
+        QUEUE_LOCK,
         f"{NODE_VENV}/bin/trainstack-train",
         "--master",
         props["master_url"],

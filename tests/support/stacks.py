@@ -17,18 +17,15 @@ from typing import Any
 
 import docker
 
+from infra.jobs.cli import project_env as cli_project_env
+
 ROOT = Path(__file__).resolve().parents[2]
 LABEL_STACK = "org.trainstack.stack"
 
 
 def project_env(backend: Path) -> dict[str, str]:
     """The environment `eval "$(make -s env)"` gives, with the state kept in `backend`."""
-    dump = subprocess.run(
-        ["bash", "-c", f'eval "$({ROOT}/scripts/env.sh)" && env -0'],
-        capture_output=True,
-        check=True,
-    ).stdout.decode()
-    env = dict(item.split("=", 1) for item in dump.split("\0") if "=" in item)
+    env = cli_project_env()
     env["PULUMI_BACKEND_URL"] = f"file://{backend}"
     env["PULUMI_CONFIG_PASSPHRASE"] = "trainstack-tests"
     env.pop("PULUMI_CONFIG_PASSPHRASE_FILE", None)

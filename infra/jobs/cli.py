@@ -1,0 +1,401 @@
+"""`trainstack`: submit your own training code to a running stack and follow it (docs/jobs.md).
+
+    trainstack [-s STACK] submit DIR [-p name=value ...] [--epochs N] [--json]
+    trainstack [-s STACK] status [JOB_ID] [--json]
+    trainstack [-s STACK] logs [-f] JOB_ID
+    trainstack [-s STACK] cancel JOB_ID
+    trainstack [-s STACK] list [--json]
+
+The stack is picked as Pulumi picks it: `--stack`/`-s`, or the selected stack. Everything goes
+over the stack's own transports (`docker exec` on the local stack, SSH on the ssh target):
+no new port. Job records live on the cluster's shared storage beside the runs
+(`/srv/trainstack/models/<job id>/job.json`), so any node, and any machine with the stack,
+sees the same jobs.
+
+Exit codes: 0 done; 1 the job failed or was cancelled (`status`, `logs -f`); 2 bad input (a bad
+job directory, an unknown job); 3 the stack or its nodes cannot be reached.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import secrets
+import shlex
+import subprocess
+import sys
+import time
+from collections.abc import Sequence
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+from infra.config import PROJECT_DIR
+from infra.jobs.package import JobDirError, Packed, pack
+from infra.jobs.remote import (
+    JOB_USER,
+    JOBS_DIR,
+    MODELS_DIR,
+    NODE_ENV,
+    NODE_VENV,
+    QUEUE_LOCK,
+    RemoteError,
+    ship,
+    submitter,
+)
+from infra.transport import Transport, TransportError, transports_for
+
+FINAL = ("succeeded", "failed", "cancelled")
+EXIT_FAILED, EXIT_INPUT, EXIT_UNREACHABLE = 1, 2, 3
+LOG_POLL_SECONDS = 0.5
+
+
+class CliError(Exception):
+    def __init__(self, message: str, code: int) -> None:
+        super().__init__(message)
+        self.code = code
+
+
+def project_env() -> dict[str, str]:
+    """The environment `eval "$(make -s env)"` gives (scripts/env.sh): the project's Pulumi
+    CLI, backend and passphrase, on top of this process's environment."""
+    script = PROJECT_DIR / "scripts" / "env.sh"
+    try:
+        dump = subprocess.run(
+            ["bash", "-c", f'eval "$({shlex.quote(str(script))})" && env -0'],
+            capture_output=True,
+            check=True,
+        ).stdout.decode()
+    except (OSError, subprocess.CalledProcessError) as exc:
+        raise CliError(f"cannot read the project's Pulumi settings ({script}): {exc}", 3) from None
+    return dict(item.split("=", 1) for item in dump.split("\0") if "=" in item)
+
+
+def _pulumi_env() -> dict[str, str]:
+    """The caller's environment when it has a Pulumi backend (`eval "$(make -s env)"` or a
+    test's), else the project's."""
+    return dict(os.environ) if os.environ.get("PULUMI_BACKEND_URL") else project_env()
+
+
+def stack_outputs(stack: str | None) -> dict[str, Any]:
+    cmd = ["pulumi", "stack", "output", "--json", "--non-interactive"]
+    if stack:
+        cmd += ["--stack", stack]
+    try:
+        proc = subprocess.run(
+            cmd, capture_output=True, text=True, env=_pulumi_env(), cwd=PROJECT_DIR, timeout=60
+        )
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        raise CliError(f"cannot run `pulumi`: {exc}", EXIT_UNREACHABLE) from None
+    if proc.returncode != 0:
+        said = (proc.stderr or proc.stdout).strip().splitlines()
+        raise CliError(
+            f"cannot read the stack's outputs ({said[-1] if said else 'pulumi failed'}); "
+            "pick a stack with --stack NAME, or `pulumi stack select`",
+            EXIT_UNREACHABLE,
+        )
+    outputs = json.loads(proc.stdout or "{}")
+    if not outputs.get("jobNodes") or not outputs.get("jobDefaults"):
+        raise CliError(
+            f"stack {stack or '(selected)'} has no jobNodes/jobDefaults outputs: bring it up "
+            "with this version (`pulumi up`) first",
+            EXIT_UNREACHABLE,
+        )
+    return dict(outputs)
+
+
+class Jobs:
+    """A stack's jobs, over its transports."""
+
+    def __init__(self, outputs: dict[str, Any]) -> None:
+        self.defaults: dict[str, Any] = outputs["jobDefaults"]
+        self.nodes: list[Transport] = transports_for(outputs["jobNodes"])
+
+    def any_node(self) -> Transport:
+        try:
+            return submitter(self.nodes, check_venv=False)
+        except RemoteError as exc:
+            raise CliError(str(exc), EXIT_UNREACHABLE) from None
+
+    def node_named(self, name: str) -> Transport | None:
+        for node in self.nodes:
+            if node.name == name or node.name.endswith(f"-{name}"):
+                return node
+        return None
+
+    def record(self, job_id: str, node: Transport | None = None) -> dict[str, Any]:
+        node = node or self.any_node()
+        try:
+            return dict(json.loads(node.fetch(f"{MODELS_DIR}/{job_id}/job.json")))
+        except TransportError:
+            raise CliError(
+                f"no job {job_id!r} on this stack (`trainstack list` shows its jobs)", EXIT_INPUT
+            ) from None
+
+    def records(self) -> list[dict[str, Any]]:
+        node = self.any_node()
+        script = (
+            f'for f in {MODELS_DIR}/job-*/job.json; do [ -f "$f" ] && cat "$f" && echo; done; true'
+        )
+        _, out = node.run(["sh", "-c", script], user=JOB_USER)
+        found = []
+        for line in out.decode(errors="replace").splitlines():
+            if line.startswith("{"):
+                try:
+                    found.append(json.loads(line))
+                except ValueError:
+                    continue
+        return sorted(found, key=lambda r: (r.get("submitted_at", 0), r.get("id", "")))
+
+    # -- submit -------------------------------------------------------------------------
+    def submit(self, directory: Path, params: dict[str, Any], overrides: dict[str, Any]) -> str:
+        from trainstack_training.job import JobError, load_spec
+
+        try:
+            spec = load_spec(directory, params)
+            packed: Packed = pack(directory)
+        except (JobError, JobDirError) as exc:
+            raise CliError(str(exc), EXIT_INPUT) from None
+        node = self.any_node_with_venv()
+        try:
+            ship(node, packed)
+        except RemoteError as exc:
+            raise CliError(str(exc), EXIT_UNREACHABLE) from None
+        job_id = f"job-{datetime.now(UTC):%Y%m%d-%H%M%S}-{secrets.token_hex(2)}"
+        run_dir = f"{MODELS_DIR}/{job_id}"
+        settings = {**self.defaults, **overrides}
+        record = {
+            "id": job_id,
+            "state": "queued",
+            "submitted_at": time.time(),
+            "job": str(directory.resolve()),
+            "code_sha": packed.sha,
+            "params": spec.params,
+            "mode": spec.mode,
+            "node": node.name,
+            "epochs": int(settings["epochs"]),
+        }
+        command = [
+            f"{NODE_VENV}/bin/python", "-m", "trainstack_training.runner", run_dir,
+            "--lock", QUEUE_LOCK, "--epochs", str(int(settings["epochs"])), "--",
+            f"{NODE_VENV}/bin/trainstack-train",
+            "--job-dir", f"{JOBS_DIR}/{packed.sha}",
+            "--job-params", json.dumps(spec.params, sort_keys=True),
+            "--master", str(settings["master_url"]),
+            "--workers", str(int(settings["workers"])),
+            "--epochs", str(int(settings["epochs"])),
+            "--batch-size", str(int(settings["batch_size"])),
+            "--data", str(settings["data"]),
+            "--rows", str(int(settings["rows"])),
+            "--train-strategy", str(settings["strategy"]),
+            "--cores-per-worker", str(int(settings["cores_per_worker"])),
+            "--spark-conf", str(settings["spark_conf"]),
+            "--app-name", f"trainstack-{job_id}",
+            "--output", run_dir,
+        ]  # fmt: skip
+        detached = f"setsid nohup {shlex.join(command)} >/dev/null 2>&1 </dev/null &"
+        try:
+            node.run(["mkdir", "-p", run_dir], user=JOB_USER)
+            node.put(f"{run_dir}/job.json", json.dumps(record).encode(), user=JOB_USER)
+            code, out = node.run(["sh", "-c", detached], user=JOB_USER, env=NODE_ENV)
+        except TransportError as exc:
+            raise CliError(
+                f"cannot start the job on {node.name}: {exc}", EXIT_UNREACHABLE
+            ) from None
+        if code != 0:
+            raise CliError(
+                f"cannot start the job on {node.name}: {out.decode(errors='replace')[-300:]}",
+                EXIT_UNREACHABLE,
+            )
+        return job_id
+
+    def any_node_with_venv(self) -> Transport:
+        try:
+            return submitter(self.nodes, check_venv=True)
+        except RemoteError as exc:
+            raise CliError(str(exc), EXIT_UNREACHABLE) from None
+
+    # -- logs and cancel ----------------------------------------------------------------
+    def output_from(self, job_id: str, offset: int, node: Transport) -> bytes:
+        code, out = node.run(
+            ["tail", "-c", f"+{offset + 1}", f"{MODELS_DIR}/{job_id}/output.log"], user=JOB_USER
+        )
+        return out if code == 0 else b""
+
+    def cancel(self, job_id: str) -> dict[str, Any]:
+        record = self.record(job_id)
+        if record.get("state") in FINAL:
+            return record
+        node = self.node_named(str(record.get("node", "")))
+        if node is None:
+            raise CliError(
+                f"job {job_id} runs on {record.get('node')!r}, which is not a node of this stack "
+                "any more",
+                EXIT_UNREACHABLE,
+            )
+        pid = int(record.get("pid") or 0)
+        if pid <= 0:  # the runner has not written its pid yet: wait for it a moment
+            for _ in range(20):
+                time.sleep(0.25)
+                record = self.record(job_id, node)
+                pid = int(record.get("pid") or 0)
+                if pid:
+                    break
+        if pid:
+            node.run(["kill", "-TERM", str(pid)], user=JOB_USER)
+        deadline = time.monotonic() + 20
+        while time.monotonic() < deadline:
+            record = self.record(job_id, node)
+            if record.get("state") in FINAL:
+                return record
+            time.sleep(0.25)
+        raise CliError(f"job {job_id} did not stop within 20 s (runner pid {pid})", EXIT_FAILED)
+
+
+def _age(record: dict[str, Any]) -> str:
+    start = record.get("started_at") or record.get("submitted_at") or 0
+    end = record.get("ended_at") or time.time()
+    return f"{max(0.0, float(end) - float(start)):.0f}s"
+
+
+def _state(record: dict[str, Any]) -> str:
+    state = str(record.get("state", "?"))
+    if state not in FINAL and time.time() - float(record.get("heartbeat") or 0) > 30:
+        return f"{state} (lost: no heartbeat for 30 s)"
+    return state
+
+
+def _print_status(record: dict[str, Any]) -> None:
+    result = record.get("result") or {}
+    lines = [
+        f"job {record.get('id')}: {_state(record)}",
+        f"  code {str(record.get('code_sha', ''))[:12]} ({record.get('mode')} mode) from "
+        f"{record.get('job')}",
+        f"  params {json.dumps(record.get('params', {}), sort_keys=True)}",
+        f"  node {record.get('node')}, {_age(record)}",
+    ]
+    if result:
+        lines.append(
+            f"  validation accuracy {result.get('final_val_accuracy')} after "
+            f"{result.get('epochs')} epochs; model {result.get('model_path')}"
+        )
+    if record.get("error"):
+        lines.append(f"  error: {record['error']}")
+    print("\n".join(lines))
+
+
+def _params(pairs: Sequence[str]) -> dict[str, Any]:
+    params: dict[str, Any] = {}
+    for pair in pairs:
+        name, sep, raw = pair.partition("=")
+        if not sep or not name.strip():
+            raise CliError(f"-p {pair!r}: expected name=value", EXIT_INPUT)
+        try:
+            params[name.strip()] = json.loads(raw)
+        except ValueError:
+            params[name.strip()] = raw
+    return params
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="trainstack", description="Submit training code to a running trainstack stack."
+    )
+    parser.add_argument("-s", "--stack", help="the stack (default: the selected stack)")
+    sub = parser.add_subparsers(dest="command", required=True)
+    p = sub.add_parser("submit", help="ship a job directory and queue it; prints its id")
+    p.add_argument("directory", type=Path)
+    p.add_argument("-p", "--param", action="append", default=[], metavar="NAME=VALUE")
+    p.add_argument("--epochs", type=int)
+    p.add_argument("--json", action="store_true")
+    p = sub.add_parser("status", help="a job's state (default: the latest job)")
+    p.add_argument("job_id", nargs="?")
+    p.add_argument("--json", action="store_true")
+    p = sub.add_parser("logs", help="a job's output, one line per finished epoch")
+    p.add_argument("job_id")
+    p.add_argument("-f", "--follow", action="store_true")
+    p = sub.add_parser("cancel", help="stop a job: no process of it is left on any node")
+    p.add_argument("job_id")
+    p = sub.add_parser("list", help="the stack's jobs, oldest first")
+    p.add_argument("--json", action="store_true")
+    return parser
+
+
+def run(args: argparse.Namespace) -> int:
+    jobs = Jobs(stack_outputs(args.stack))
+    if args.command == "submit":
+        overrides = {"epochs": args.epochs} if args.epochs else {}
+        if args.epochs is not None and args.epochs < 1:
+            raise CliError(f"--epochs {args.epochs}: must be >= 1", EXIT_INPUT)
+        job_id = jobs.submit(args.directory, _params(args.param), overrides)
+        print(json.dumps({"job_id": job_id}) if args.json else job_id)
+        return 0
+    if args.command == "status":
+        job_id = args.job_id
+        if not job_id:
+            records = jobs.records()
+            if not records:
+                raise CliError("no jobs on this stack yet", EXIT_INPUT)
+            job_id = records[-1]["id"]
+        record = jobs.record(job_id)
+        if args.json:
+            print(json.dumps({**record, "state": _state(record)}, sort_keys=True))
+        else:
+            _print_status(record)
+        return EXIT_FAILED if record.get("state") in ("failed", "cancelled") else 0
+    if args.command == "list":
+        records = jobs.records()
+        if args.json:
+            print(json.dumps(records, sort_keys=True))
+            return 0
+        print(f"{'JOB ID':<28} {'STATE':<10} {'AGE':>6}  CODE          JOB")
+        for r in records:
+            print(
+                f"{r.get('id', ''):<28} {_state(r):<10} {_age(r):>6}  "
+                f"{str(r.get('code_sha', ''))[:12]:<12}  {r.get('job', '')}"
+            )
+        return 0
+    if args.command == "cancel":
+        record = jobs.cancel(args.job_id)
+        print(f"job {args.job_id}: {record.get('state')}")
+        return 0
+    if args.command == "logs":
+        return follow_logs(jobs, args.job_id, args.follow)
+    raise CliError(f"unknown command {args.command!r}", EXIT_INPUT)
+
+
+def follow_logs(jobs: Jobs, job_id: str, follow: bool) -> int:
+    record = jobs.record(job_id)
+    node = jobs.any_node()
+    offset = 0
+    while True:
+        chunk = jobs.output_from(job_id, offset, node)
+        if chunk:
+            offset += len(chunk)
+            sys.stdout.write(chunk.decode(errors="replace"))
+            sys.stdout.flush()
+        if not follow:
+            return 0
+        if record.get("state") in FINAL and not chunk:
+            return 0 if record.get("state") == "succeeded" else EXIT_FAILED
+        time.sleep(LOG_POLL_SECONDS)
+        record = jobs.record(job_id, node)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        return run(args)
+    except CliError as exc:
+        print(f"trainstack: error: {exc}", file=sys.stderr)
+        return exc.code
+    except TransportError as exc:
+        print(f"trainstack: error: {exc}", file=sys.stderr)
+        return EXIT_UNREACHABLE
+    except KeyboardInterrupt:
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

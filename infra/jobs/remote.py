@@ -1,0 +1,132 @@
+"""Jobs on the cluster's nodes: where they live, which node submits, shipping their code.
+
+Used by the stack's declared job (infra.components.training, from `pulumi up`) and by the
+`trainstack` CLI (infra.jobs.cli), over the same transports (infra.transport).
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from infra.errors import UserFacingError
+from infra.jobs.package import JobDirError, Packed, pack, unpack_command
+from infra.transport import Transport, TransportError, transports_for
+
+NODE_VENV = "/opt/trainstack/venv"
+MODELS_DIR = "/srv/trainstack/models"
+# The jobs' code, content-addressed (<sha>/), on the same shared volume as the runs.
+JOBS_DIR = f"{MODELS_DIR}/jobs"
+# One barrier job at a time: the stack's job and submitted jobs take this lock (flock).
+QUEUE_LOCK = f"{MODELS_DIR}/.barrier.lock"
+JOB_USER = "trainstack"
+# What a login shell on a node gets from /etc/profile.d/trainstack.sh: Spark's client config
+# (the multi-master URL, spark.authenticate and the secret) and the Python that executors
+# must run (the node's venv, which has the training package).
+NODE_ENV = {
+    "SPARK_CONF_DIR": "/etc/trainstack/spark",
+    "PYSPARK_PYTHON": f"{NODE_VENV}/bin/python",
+    "PYTHONUNBUFFERED": "1",
+}
+
+
+class RemoteError(UserFacingError):
+    """No node can do it, or shipping failed; the message names the nodes and the cause."""
+
+
+def _reason(exc: TransportError) -> str:
+    """A transport's error without the node's name in front (the caller names the node)."""
+    return str(exc).split(": ", 1)[-1].splitlines()[0][:120]
+
+
+def submitter(candidates: Sequence[Any], *, check_venv: bool = True) -> Transport:
+    """The first candidate that is reachable and (with `check_venv`) can start a job (the
+    training package is installed): no single node is required to launch or resume a run,
+    because the run's directory, data and backup are on storage every node mounts.
+    `candidates`: transports, or node records."""
+    nodes: list[Transport] = (
+        list(candidates)
+        if all(isinstance(c, Transport) for c in candidates)
+        else transports_for(list(candidates))
+    )
+    why = []
+    for node in nodes:
+        try:
+            reason = node.unavailable()
+        except TransportError as exc:  # nothing reachable at all (no Docker engine)
+            raise RemoteError(f"training job: {exc}") from None
+        if reason:
+            why.append(f"{node.name}: {reason}")
+            continue
+        if check_venv:
+            try:
+                code, _ = node.run(["test", "-x", f"{NODE_VENV}/bin/trainstack-train"])
+            except TransportError as exc:
+                why.append(f"{node.name}: cannot run a command ({_reason(exc)})")
+                continue
+            if code != 0:
+                why.append(
+                    f"{node.name}: {NODE_VENV}/bin/trainstack-train is missing (not provisioned)"
+                )
+                continue
+        if why:
+            print(f"submitting from {node.name}; skipped {'; '.join(why)}", file=sys.stderr)
+        return node
+    remedies = list(dict.fromkeys(node.remedy for node in nodes)) or ["start one"]
+    raise RemoteError(
+        "training job: no worker node can submit the job ("
+        + "; ".join(why)
+        + "); "
+        + " or ".join(remedies)
+        + " and run `pulumi up` again"
+    )
+
+
+def ship(node: Transport, packed: Packed) -> str:
+    """Put packed code on the cluster's shared storage at JOBS_DIR/<sha> (once per sha: the
+    same code is never shipped again); returns that directory."""
+    dest = f"{JOBS_DIR}/{packed.sha}"
+    try:
+        code, _ = node.run(["test", "-f", f"{dest}/trainstack.toml"], user=JOB_USER)
+        if code == 0:
+            return dest
+        archive = f"{JOBS_DIR}/.{packed.sha}.tar.gz"
+        node.run(["mkdir", "-p", JOBS_DIR], user=JOB_USER)
+        node.put(archive, packed.data, mode=0o644, user=JOB_USER)
+        code, out = node.run(unpack_command(archive, dest), user=JOB_USER)
+    except TransportError as exc:
+        raise RemoteError(f"cannot ship the job's code: {exc}") from None
+    if code != 0:
+        said = out.decode(errors="replace").strip()[-300:]
+        raise RemoteError(f"cannot unpack the job's code into {dest}: {said}")
+    print(
+        f"job code {packed.short} shipped to {dest} ({len(packed.files)} files, "
+        f"{packed.size / 1e6:.2f} MB)",
+        file=sys.stderr,
+    )
+    return dest
+
+
+def ship_directory(node: Transport, source: str, sha: str) -> str:
+    """Pack `source` again and ship it; refuses a directory that no longer packs to `sha`
+    (it changed since the program read it: it is not run unseen)."""
+    dest = f"{JOBS_DIR}/{sha}"
+    try:
+        code, _ = node.run(["test", "-f", f"{dest}/trainstack.toml"], user=JOB_USER)
+    except TransportError as exc:
+        raise RemoteError(f"cannot ship the job's code: {exc}") from None
+    if code == 0:
+        print(f"job code {sha[:12]} is on the cluster already", file=sys.stderr)
+        return dest
+    try:
+        packed = pack(Path(source))
+    except JobDirError as exc:
+        raise RemoteError(str(exc)) from None
+    if packed.sha != sha:
+        raise RemoteError(
+            f"{source} changed while `pulumi up` ran (code {packed.short}, expected "
+            f"{sha[:12]}); run `pulumi up` again"
+        )
+    return ship(node, packed)

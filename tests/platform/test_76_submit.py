@@ -1,0 +1,146 @@
+"""`trainstack submit/status/logs/cancel/list` against the shared stack (docs/jobs.md): jobs
+queue one at a time, logs show a line per epoch, a cancel leaves no process of the job on
+any node, and a bad job directory is refused before anything is created. Submitted jobs
+change nothing in the stack: `pulumi preview` stays empty."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from tests.support.stacks import ROOT, wait_until
+
+from .conftest import WORKERS, sh
+
+pytestmark = pytest.mark.e2e
+
+EXAMPLES = ROOT / "examples"
+CLI = [sys.executable, "-m", "infra.jobs.cli"]
+# A job's processes on a node: the runner and the driver, the executor JVM and its Python
+# workers (the TensorFlow ranks). Each begins with a bracket, so the pattern does not match
+# the shell that runs pgrep with it.
+JOB_PROCESSES = (
+    "[t]rainstack_training|[t]rainstack-train|[C]oarseGrainedExecutorBackend|[p]yspark.daemon"
+)
+
+
+def trainstack(platform, *args: str, timeout: int = 300) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [*CLI, "-s", platform.stack.name, *args],
+        cwd=ROOT,
+        env=platform.stack.env,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        check=False,
+    )
+
+
+def status(platform, job_id: str) -> dict:
+    proc = trainstack(platform, "status", job_id, "--json")
+    assert proc.stdout.startswith("{"), proc.stderr
+    return json.loads(proc.stdout)
+
+
+def job_processes(platform) -> dict[str, str]:
+    """The job's processes (runner, driver, TensorFlow workers) on every worker node."""
+    found = {}
+    for i in range(1, WORKERS + 2):
+        container = platform.container(f"worker-{i}")
+        code, out = sh(container, f"pgrep -af '{JOB_PROCESSES}' || true")
+        if code == 0 and out.strip():
+            found[container] = out.strip()
+    return found
+
+
+@pytest.fixture(scope="module")
+def queued(platform):
+    """Two jobs submitted back to back: the CNN (3 epochs), then the MLP with a parameter."""
+    first = trainstack(platform, "submit", str(EXAMPLES / "digits-cnn"), "--epochs", "3")
+    second = trainstack(
+        platform, "submit", str(EXAMPLES / "digits"), "-p", "hidden_units=64", "--epochs", "2",
+        "--json",
+    )  # fmt: skip
+    assert first.returncode == 0, first.stderr
+    assert second.returncode == 0, second.stderr
+    return first.stdout.strip(), json.loads(second.stdout)["job_id"]
+
+
+def test_submit_returns_a_job_id_and_list_shows_the_queue(platform, queued):
+    first, second = queued
+    assert first.startswith("job-") and second.startswith("job-") and first != second
+    listed = json.loads(trainstack(platform, "list", "--json").stdout)
+    states = {r["id"]: r["state"] for r in listed}
+    assert states[first] in ("queued", "running") and states[second] == "queued", states
+    table = trainstack(platform, "list").stdout
+    assert first in table and second in table
+
+
+def test_logs_follow_a_job_to_its_end_with_a_line_per_epoch(platform, queued):
+    first, _ = queued
+    logs = trainstack(platform, "logs", "-f", first, timeout=600)
+    assert logs.returncode == 0, logs.stdout[-3000:] + logs.stderr
+    for epoch in (1, 2, 3):
+        assert f"[trainstack] epoch {epoch}/3 " in logs.stdout, logs.stdout[-3000:]
+    assert "[trainstack] job succeeded" in logs.stdout
+    record = status(platform, first)
+    assert record["state"] == "succeeded" and record["mode"] == "full"
+    assert record["result"]["epochs"] == 3
+
+
+def test_the_queued_job_runs_next_with_its_parameters(platform, queued):
+    _, second = queued
+    wait_until(
+        "the queued job's end",
+        lambda: status(platform, second)["state"] in ("succeeded", "failed"),
+        600,
+    )
+    record = status(platform, second)
+    assert record["state"] == "succeeded", record
+    assert record["params"]["hidden_units"] == 64 and record["result"]["epochs"] == 2
+    text = trainstack(platform, "status", second)
+    assert text.returncode == 0 and "succeeded" in text.stdout
+
+
+def test_cancel_stops_a_running_job_and_leaves_no_process(platform):
+    submitted = trainstack(platform, "submit", str(EXAMPLES / "digits"), "--epochs", "40")
+    job_id = submitted.stdout.strip()
+    assert submitted.returncode == 0, submitted.stderr
+    run_dir = f"/srv/trainstack/models/{job_id}"
+    container = platform.container("control-3")
+    wait_until(
+        "the job's first epoch",
+        lambda: sh(container, f"test -s {run_dir}/epochs.jsonl")[0] == 0,
+        300,
+    )
+    assert job_processes(platform), "the job was not running on any worker"
+    stop = trainstack(platform, "cancel", job_id, timeout=60)
+    assert stop.returncode == 0 and "cancelled" in stop.stdout, stop.stdout + stop.stderr
+    deadline = time.monotonic() + 15
+    while job_processes(platform) and time.monotonic() < deadline:
+        time.sleep(0.5)
+    assert not job_processes(platform), job_processes(platform)
+    assert status(platform, job_id)["state"] == "cancelled"
+    assert trainstack(platform, "status", job_id).returncode == 1
+
+
+def test_a_bad_job_directory_is_refused_before_anything_is_created(platform, tmp_path):
+    (tmp_path / "trainstack.toml").write_text('[job]\nentry = "absent"\n')
+    before = trainstack(platform, "list", "--json").stdout
+    refused = trainstack(platform, "submit", str(tmp_path))
+    assert refused.returncode == 2
+    assert "entry module 'absent' not found" in refused.stderr
+    assert "Traceback" not in refused.stderr
+    assert trainstack(platform, "list", "--json").stdout == before
+    unknown = trainstack(platform, "status", "job-nope")
+    assert unknown.returncode == 2 and "no job 'job-nope'" in unknown.stderr
+
+
+def test_submitted_jobs_change_nothing_in_the_stack(platform):
+    platform.stack.run("preview", "--expect-no-changes")
+    assert Path(ROOT / "examples" / "digits" / "trainstack.toml").is_file()

@@ -1,0 +1,121 @@
+"""The node-side runner of submitted jobs (trainstack_training.runner) with real processes:
+records and states, the FIFO queue on one lock, a line per epoch, cancel while queued and
+while running. No Spark: the job is a small Python command."""
+
+from __future__ import annotations
+
+import json
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from infra.jobs.cli import _params, build_parser
+
+pytestmark = pytest.mark.unit
+
+JOB = (
+    "import json, sys, time, pathlib\n"
+    "out = pathlib.Path(sys.argv[1])\n"
+    "for e in range(1, int(sys.argv[2]) + 1):\n"
+    "    time.sleep(float(sys.argv[3]))\n"
+    "    with (out / 'epochs.jsonl').open('a') as f:\n"
+    "        f.write(json.dumps({'epoch': e, 'loss': 1.0 / e, 'train_seconds': 0.1}) + '\\n')\n"
+    "print(json.dumps({'ok': True, 'epochs': int(sys.argv[2])}))\n"
+)
+
+
+def start(root: Path, name: str, epochs: int, pause: float) -> tuple[subprocess.Popen, Path]:
+    run_dir = root / name
+    run_dir.mkdir()
+    (run_dir / "job.json").write_text(
+        json.dumps({"id": name, "state": "queued", "submitted_at": time.time()})
+    )
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "trainstack_training.runner", str(run_dir), "--lock",
+         str(root / ".lock"), "--epochs", str(epochs), "--",
+         sys.executable, "-c", JOB, str(run_dir), str(epochs), str(pause)],
+    )  # fmt: skip
+    return proc, run_dir
+
+
+def record(run_dir: Path) -> dict:
+    return json.loads((run_dir / "job.json").read_text())
+
+
+def text(path: Path) -> str:
+    return path.read_text() if path.exists() else ""
+
+
+def wait_for(check, timeout: float = 20.0) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if check():
+            return
+        time.sleep(0.1)
+    raise AssertionError("not within the timeout")
+
+
+def test_a_job_runs_to_success_with_a_line_per_epoch(tmp_path):
+    proc, run_dir = start(tmp_path, "job-a", 3, 0.1)
+    assert proc.wait(timeout=30) == 0
+    done = record(run_dir)
+    assert done["state"] == "succeeded" and done["exit_code"] == 0
+    assert done["result"] == {"ok": True, "epochs": 3}
+    output = (run_dir / "output.log").read_text()
+    assert "[trainstack] epoch 3/3 loss 0.3333" in output
+    assert output.rstrip().endswith("[trainstack] job succeeded")
+
+
+def test_jobs_queue_first_in_first_out_on_one_lock(tmp_path):
+    first, first_dir = start(tmp_path, "job-1", 3, 0.5)
+    wait_for(lambda: record(first_dir).get("state") == "running")
+    second, second_dir = start(tmp_path, "job-2", 1, 0.1)
+    time.sleep(0.3)
+    third, third_dir = start(tmp_path, "job-3", 1, 0.1)
+    wait_for(lambda: "queued behind" in text(third_dir / "output.log"))
+    assert record(second_dir)["state"] == "queued"
+    assert "job-2" in (third_dir / "output.log").read_text()  # behind the older queued job
+    for proc in (first, second, third):
+        assert proc.wait(timeout=60) == 0
+    starts = [record(d)["started_at"] for d in (first_dir, second_dir, third_dir)]
+    ends = [record(d)["ended_at"] for d in (first_dir, second_dir, third_dir)]
+    assert starts == sorted(starts) and starts[1] >= ends[0] and starts[2] >= ends[1]
+
+
+def test_cancel_while_running_stops_the_whole_process_group(tmp_path):
+    proc, run_dir = start(tmp_path, "job-c", 100, 0.2)
+    wait_for(lambda: (run_dir / "epochs.jsonl").exists())
+    proc.send_signal(signal.SIGTERM)
+    assert proc.wait(timeout=20) == 1
+    assert record(run_dir)["state"] == "cancelled"
+    leftover = subprocess.run(["pgrep", "-f", str(run_dir)], capture_output=True, check=False)
+    assert leftover.stdout.strip() == b""
+
+
+def test_cancel_while_queued_never_runs_the_job(tmp_path):
+    first, first_dir = start(tmp_path, "job-x", 4, 0.5)
+    wait_for(lambda: record(first_dir).get("state") == "running")
+    queued, queued_dir = start(tmp_path, "job-y", 1, 0.1)
+    wait_for(lambda: record(queued_dir).get("pid"))
+    queued.send_signal(signal.SIGTERM)
+    assert queued.wait(timeout=20) == 1
+    assert record(queued_dir)["state"] == "cancelled"
+    assert "started_at" not in record(queued_dir)
+    assert first.wait(timeout=60) == 0
+
+
+@pytest.mark.parametrize(
+    ("pairs", "expected"),
+    [(["lr=0.01", "name=cnn", "layers=[8, 16]"], {"lr": 0.01, "name": "cnn", "layers": [8, 16]})],
+)
+def test_params_are_json_when_they_parse(pairs, expected):
+    assert _params(pairs) == expected
+
+
+def test_the_cli_takes_the_stack_before_the_command():
+    args = build_parser().parse_args(["-s", "dev", "logs", "-f", "job-1"])
+    assert (args.stack, args.command, args.job_id, args.follow) == ("dev", "logs", "job-1", True)

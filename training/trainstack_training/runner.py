@@ -1,0 +1,233 @@
+"""Run one submitted job on a node: wait for its turn, run `trainstack-train`, record its state.
+
+    python -m trainstack_training.runner RUN_DIR --lock FILE -- <trainstack-train arguments>
+
+`trainstack submit` starts this detached on a worker node (docs/jobs.md). It keeps the job's
+record, ``RUN_DIR/job.json``, on shared storage, where `trainstack status` and `list` read it:
+``queued`` until the job is the oldest queued job and holds the cluster's barrier lock (one
+barrier job at a time; the stack's own job takes the same lock), then ``running``, then
+``succeeded``, ``failed`` or ``cancelled``. The job's output goes to ``RUN_DIR/output.log``,
+with one line per finished epoch (from the run's epochs.jsonl) for `trainstack logs`. SIGTERM
+(`trainstack cancel`) stops a running job's whole process group; Spark then ends the job's
+executors and their TensorFlow workers on every node.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import fcntl
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+RECORD = "job.json"
+OUTPUT = "output.log"
+EPOCHS = "epochs.jsonl"
+FINAL_STATES = ("succeeded", "failed", "cancelled")
+HEARTBEAT_SECONDS = 2.0
+STOP_GRACE_SECONDS = 8.0
+QUEUE_POLL_SECONDS = 0.5
+
+
+class CancelledError(Exception):
+    """SIGTERM while the job waited in the queue."""
+
+
+def read_record(run_dir: Path) -> dict[str, Any]:
+    try:
+        return dict(json.loads((run_dir / RECORD).read_text()))
+    except (OSError, ValueError):
+        return {}
+
+
+def write_record(run_dir: Path, **changes: Any) -> dict[str, Any]:
+    """Merge `changes` into the record, atomically (readers never see half a file)."""
+    record = {**read_record(run_dir), **changes}
+    tmp = run_dir / f".{RECORD}.{os.getpid()}"
+    tmp.write_text(json.dumps(record, sort_keys=True))
+    os.replace(tmp, run_dir / RECORD)
+    return record
+
+
+def queued_before(run_dir: Path) -> list[str]:
+    """The ids of jobs still queued that were submitted before this one (FIFO)."""
+    mine = read_record(run_dir)
+    ahead = []
+    for other in run_dir.parent.glob(f"*/{RECORD}"):
+        if other.parent == run_dir:
+            continue
+        record = read_record(other.parent)
+        earlier = (record.get("submitted_at", 0), record.get("id", "")) < (
+            mine.get("submitted_at", 0),
+            mine.get("id", ""),
+        )
+        alive = time.time() - float(record.get("heartbeat", 0)) < 10 * HEARTBEAT_SECONDS
+        if record.get("state") == "queued" and earlier and alive:
+            ahead.append(str(record.get("id")))
+    return ahead
+
+
+def epoch_line(row: dict[str, Any], epochs: int) -> str:
+    metrics = " ".join(
+        f"{k} {float(v):.4f}"
+        for k, v in row.items()
+        if k in ("loss", "accuracy", "val_loss", "val_accuracy")
+    )
+    return (
+        f"[trainstack] epoch {row.get('epoch')}/{epochs} {metrics} "
+        f"({float(row.get('train_seconds', 0)):.1f} s, attempt {row.get('attempt', 0)})\n"
+    )
+
+
+class Runner:
+    def __init__(self, run_dir: Path, lock: Path, command: list[str], epochs: int) -> None:
+        self.run_dir, self.lock, self.command, self.epochs = run_dir, lock, command, epochs
+        self.child: subprocess.Popen[bytes] | None = None
+        self.cancelled = False
+        self.done = threading.Event()
+        self.epochs_seen = 0
+
+    def on_term(self, signum: int, frame: Any) -> None:
+        del frame
+        self.cancelled = True
+        if self.child is None:
+            raise CancelledError(signum)
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(self.child.pid, signal.SIGTERM)
+
+    def heartbeat(self) -> None:
+        """Keep the record alive and copy each finished epoch into the output."""
+        while not self.done.wait(HEARTBEAT_SECONDS):
+            write_record(self.run_dir, heartbeat=time.time())
+            self.copy_epochs()
+
+    def copy_epochs(self) -> None:
+        try:
+            rows = (self.run_dir / EPOCHS).read_text().splitlines()
+        except OSError:
+            return
+        new = rows[self.epochs_seen :]
+        self.epochs_seen = len(rows)
+        with (self.run_dir / OUTPUT).open("a") as out:
+            for line in new:
+                with contextlib.suppress(ValueError):
+                    out.write(epoch_line(json.loads(line), self.epochs))
+
+    def wait_turn(self, lock_fh: Any) -> None:
+        told = ""
+        while True:
+            ahead = queued_before(self.run_dir)
+            if not ahead:
+                try:
+                    fcntl.flock(lock_fh, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                    return
+                except BlockingIOError:
+                    ahead = ["the job that runs now"]
+            say = f"[trainstack] queued behind {', '.join(ahead)}\n"
+            if say != told:
+                with (self.run_dir / OUTPUT).open("a") as out:
+                    out.write(say)
+                told = say
+            time.sleep(QUEUE_POLL_SECONDS)
+
+    def run(self) -> int:
+        signal.signal(signal.SIGTERM, self.on_term)
+        signal.signal(signal.SIGINT, self.on_term)
+        write_record(
+            self.run_dir, state="queued", host=socket.gethostname(), pid=os.getpid(),
+            heartbeat=time.time(),
+        )  # fmt: skip
+        beat = threading.Thread(target=self.heartbeat, daemon=True)
+        beat.start()
+        self.lock.parent.mkdir(parents=True, exist_ok=True)
+        with self.lock.open("a") as lock_fh:
+            try:
+                self.wait_turn(lock_fh)
+            except CancelledError:
+                return self.finish(None, "cancelled while queued")
+            write_record(self.run_dir, state="running", started_at=time.time())
+            with (self.run_dir / OUTPUT).open("ab") as out:
+                self.child = subprocess.Popen(
+                    self.command, stdout=out, stderr=subprocess.STDOUT, start_new_session=True
+                )
+                code = self.wait_child()
+        return self.finish(code, "")
+
+    def wait_child(self) -> int:
+        assert self.child is not None
+        while True:
+            try:
+                return self.child.wait(timeout=0.5)
+            except subprocess.TimeoutExpired:
+                if self.cancelled and self.stopping_too_long():
+                    with contextlib.suppress(ProcessLookupError):
+                        os.killpg(self.child.pid, signal.SIGKILL)
+
+    def stopping_too_long(self) -> bool:
+        if not hasattr(self, "_stop_started"):
+            self._stop_started = time.monotonic()
+        return time.monotonic() - self._stop_started > STOP_GRACE_SECONDS
+
+    def finish(self, code: int | None, reason: str) -> int:
+        self.done.set()
+        self.copy_epochs()
+        summary = self.summary()
+        if self.cancelled:
+            state = "cancelled"
+        elif code == 0 and summary.get("ok"):
+            state = "succeeded"
+        else:
+            state = "failed"
+        write_record(
+            self.run_dir,
+            state=state,
+            ended_at=time.time(),
+            exit_code=code,
+            error=reason or ("" if state != "failed" else str(summary.get("error") or "")),
+            result=summary if summary.get("ok") else {},
+        )
+        with (self.run_dir / OUTPUT).open("a") as out:
+            out.write(f"[trainstack] job {state}\n")
+        return 0 if state == "succeeded" else 1
+
+    def summary(self) -> dict[str, Any]:
+        """The job's last JSON line (trainstack-train's summary)."""
+        try:
+            lines = (self.run_dir / OUTPUT).read_text(errors="replace").splitlines()
+        except OSError:
+            return {}
+        for line in reversed(lines):
+            if line.startswith("{"):
+                with contextlib.suppress(ValueError):
+                    return dict(json.loads(line))
+        return {}
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    parser = argparse.ArgumentParser(
+        prog="python -m trainstack_training.runner",
+        usage="%(prog)s RUN_DIR --lock FILE [--epochs N] -- COMMAND ...",
+    )
+    parser.add_argument("run_dir")
+    parser.add_argument("--lock", required=True)
+    parser.add_argument("--epochs", type=int, default=0)
+    if "--" not in argv or argv.index("--") == len(argv) - 1:
+        parser.error("no command after --")
+    split = argv.index("--")
+    args = parser.parse_args(argv[:split])
+    run_dir = Path(args.run_dir)
+    run_dir.mkdir(parents=True, exist_ok=True)
+    return Runner(run_dir, Path(args.lock), argv[split + 1 :], args.epochs).run()
+
+
+if __name__ == "__main__":
+    sys.exit(main())
