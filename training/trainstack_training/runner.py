@@ -33,6 +33,7 @@ OUTPUT = "output.log"
 EPOCHS = "epochs.jsonl"
 FINAL_STATES = ("succeeded", "failed", "cancelled")
 HEARTBEAT_SECONDS = 2.0
+EPOCH_POLL_SECONDS = 0.5  # how often a finished epoch is copied into the output
 STOP_GRACE_SECONDS = 8.0
 QUEUE_POLL_SECONDS = 0.5
 
@@ -104,10 +105,13 @@ class Runner:
             os.killpg(self.child.pid, signal.SIGTERM)
 
     def heartbeat(self) -> None:
-        """Keep the record alive and copy each finished epoch into the output."""
-        while not self.done.wait(HEARTBEAT_SECONDS):
-            write_record(self.run_dir, heartbeat=time.time())
+        """Copy each finished epoch into the output, and keep the record alive."""
+        last = 0.0
+        while not self.done.wait(EPOCH_POLL_SECONDS):
             self.copy_epochs()
+            if time.monotonic() - last >= HEARTBEAT_SECONDS:
+                write_record(self.run_dir, heartbeat=time.time())
+                last = time.monotonic()
 
     def copy_epochs(self) -> None:
         try:

@@ -498,6 +498,7 @@ def _callback_classes(tf: Any) -> tuple[Any, Any, Any, Any]:
                 "attempt": self.attempt,
                 "train_seconds": self.timer.last,
                 "samples": self.samples,
+                "ended_at": time.time(),
             }
             row.update({k: float(v) for k, v in (logs or {}).items()})
             with self.path.open("a") as fh:
@@ -586,6 +587,7 @@ class EpochReporter:
             "attempt": self.attempt,
             "train_seconds": seconds,
             "samples": int(metrics.pop("samples", self.samples)),
+            "ended_at": time.time(),
             **metrics,
         }
         with self.path.open("a") as fh:
