@@ -126,11 +126,6 @@ def _submitter(candidates: list[Any]) -> Transport:
         raise TrainingError(str(exc)) from None
 
 
-def _reason(exc: TransportError) -> str:
-    """A transport's error without the node's name in front (the caller names the node)."""
-    return str(exc).split(": ", 1)[-1].splitlines()[0][:120]
-
-
 def _stop_earlier_launches(candidates: list[Transport], run_dir: str, grace_s: int = 60) -> None:
     """Stop a launch of this run that still runs on a node, so that the new one resumes alone.
 
