@@ -4,10 +4,13 @@ while running. No Spark: the job is a small Python command."""
 
 from __future__ import annotations
 
+import contextlib
+import itertools
 import json
 import signal
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -94,6 +97,104 @@ def test_cancel_while_running_stops_the_whole_process_group(tmp_path):
     assert record(run_dir)["state"] == "cancelled"
     leftover = subprocess.run(["pgrep", "-f", str(run_dir)], capture_output=True, check=False)
     assert leftover.stdout.strip() == b""
+
+
+# A driver the way PySpark's behaves: SIGINT raises KeyboardInterrupt, on which it cleans up
+# (cancels its Spark jobs, stops the context) and exits. It has a child in its process group
+# that ignores SIGINT, as PySpark's JVM gateway does.
+DRIVER = (
+    "import pathlib, signal, subprocess, sys, time\n"
+    "out = pathlib.Path(sys.argv[1])\n"
+    "subprocess.Popen([sys.executable, '-c', 'import signal, time; "
+    "signal.signal(signal.SIGINT, signal.SIG_IGN); time.sleep(600)', 'gateway-of', str(out)])\n"
+    "(out / 'epochs.jsonl').write_text('{\"epoch\": 1, \"loss\": 1.0}\\n')\n"
+    "if sys.argv[2] == 'deaf':\n"
+    "    signal.signal(signal.SIGINT, signal.SIG_IGN)\n"
+    "    signal.signal(signal.SIGTERM, signal.SIG_IGN)\n"
+    "try:\n"
+    "    time.sleep(600)\n"
+    "except KeyboardInterrupt:\n"
+    "    (out / 'stopped-cleanly').touch()\n"
+    "    sys.exit(130)\n"
+)
+
+
+def start_driver(root: Path, mode: str, grace: float = 12.0) -> tuple[subprocess.Popen, Path]:
+    run_dir = root / f"job-{mode}"
+    run_dir.mkdir()
+    runner = (
+        "import sys, trainstack_training.runner as r\n"
+        f"r.STOP_GRACE_SECONDS = r.KILL_AFTER_SECONDS = {grace}\n"
+        "sys.exit(r.main(sys.argv[1:]))\n"
+    )
+    proc = subprocess.Popen(
+        [sys.executable, "-c", runner, str(run_dir), "--lock", str(root / ".lock"), "--",
+         sys.executable, "-c", DRIVER, str(run_dir), mode],
+    )  # fmt: skip
+    wait_for(lambda: (run_dir / "epochs.jsonl").exists())
+    wait_for(lambda: left_behind(run_dir))  # the gateway has started
+    return proc, run_dir
+
+
+def left_behind(run_dir: Path) -> str:
+    found = subprocess.run(["pgrep", "-af", str(run_dir)], capture_output=True, check=False)
+    return found.stdout.decode().strip()
+
+
+def test_cancel_lets_the_driver_stop_the_spark_way_and_ends_its_process_group(tmp_path):
+    proc, run_dir = start_driver(tmp_path, "polite")
+    proc.send_signal(signal.SIGTERM)
+    assert proc.wait(timeout=10) == 1
+    assert (run_dir / "stopped-cleanly").exists()  # SIGINT first: PySpark cancels its jobs
+    assert record(run_dir)["state"] == "cancelled"
+    assert left_behind(run_dir) == ""  # the gateway that ignored SIGINT went with the group
+
+
+def test_a_driver_that_ignores_the_signals_is_killed_after_the_grace(tmp_path):
+    proc, run_dir = start_driver(tmp_path, "deaf", grace=0.5)
+    proc.send_signal(signal.SIGTERM)
+    assert proc.wait(timeout=10) == 1
+    assert not (run_dir / "stopped-cleanly").exists()
+    assert record(run_dir)["state"] == "cancelled"
+    assert left_behind(run_dir) == ""
+
+
+def test_the_record_is_never_torn_or_rolled_back_by_the_heartbeat(tmp_path):
+    from trainstack_training.runner import read_record, write_record
+
+    stop, torn, seen, errors = threading.Event(), [], [], []
+
+    def beat() -> None:
+        while not stop.is_set():
+            try:
+                write_record(tmp_path, heartbeat=time.time(), padding="x" * 4000)
+            except OSError as exc:  # a heartbeat thread that dies leaves the job "lost"
+                errors.append(repr(exc))
+                return
+
+    def read() -> None:
+        while not stop.is_set():
+            with contextlib.suppress(FileNotFoundError):
+                raw = (tmp_path / "job.json").read_text()
+                try:
+                    seen.append(json.loads(raw).get("n", -1))
+                except ValueError:
+                    torn.append(raw[:80])
+
+    threads = [threading.Thread(target=beat), threading.Thread(target=read)]
+    for t in threads:
+        t.start()
+    for n in range(2000):
+        write_record(tmp_path, state="running", n=n)
+    write_record(tmp_path, state="cancelled")
+    time.sleep(0.2)  # heartbeats after the final state keep it
+    stop.set()
+    for t in threads:
+        t.join()
+    assert errors == [] and torn == []
+    rolled_back = [(a, b) for a, b in itertools.pairwise(seen) if b < a]
+    assert rolled_back == [], rolled_back[:5]  # a heartbeat wrote back an older record
+    assert read_record(tmp_path)["state"] == "cancelled" and read_record(tmp_path)["n"] == 1999
 
 
 def test_cancel_while_queued_never_runs_the_job(tmp_path):

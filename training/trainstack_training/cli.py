@@ -19,7 +19,7 @@ def main(argv: list[str] | None = None) -> int:
     """Run the whole job; the last stdout line is a one-line JSON summary (also on failure)."""
     from trainstack_training.data import DataError
     from trainstack_training.job import JobError
-    from trainstack_training.launcher import ClusterError, TrainingError, run
+    from trainstack_training.launcher import ClusterError, JobCancelledError, TrainingError, run
     from trainstack_training.report import summary
 
     try:
@@ -30,6 +30,10 @@ def main(argv: list[str] | None = None) -> int:
         return _fail(exc, 2)
     except TrainingError as exc:
         return _fail(exc, 1)
+    except JobCancelledError as exc:  # SIGINT (`trainstack cancel`) once Spark runs
+        return _fail(exc, 130)
+    except KeyboardInterrupt:  # SIGINT before Spark ran
+        return _fail(JobCancelledError("cancelled before the job started"), 130)
     except Exception as exc:  # anything else still ends with the JSON line callers parse
         traceback.print_exc()
         return _fail(exc, 1)

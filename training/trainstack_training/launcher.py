@@ -9,12 +9,15 @@ resume from the BackupAndRestore checkpoint on shared storage.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
 import shutil
+import signal
 import socket
 import sys
+import threading
 import time
 from collections.abc import Iterable, Iterator
 from dataclasses import asdict
@@ -44,6 +47,49 @@ class TrainingError(RuntimeError):
 
 class JobCodeError(TrainingError):
     """The job's own code raised; the message is the user's error and their frames."""
+
+
+class JobCancelledError(RuntimeError):
+    """SIGINT (`trainstack cancel`): the job's Spark jobs were cancelled and it stopped."""
+
+
+class CancelOnInterrupt:
+    """SIGINT cancels the context's Spark jobs, the way PySpark's own handler does, but
+    without raising inside a Py4J call (which leaves a traceback in the log and turns the
+    cancel into a "network" error): a thread cancels every job Spark runs until the driver
+    has stopped, and the driver then raises JobCancelledError where the job was waiting."""
+
+    def __init__(self, sc: SparkContext) -> None:
+        self.sc = sc
+        self.requested = threading.Event()
+        self.stopped = threading.Event()
+
+    def __enter__(self) -> CancelOnInterrupt:
+        if threading.current_thread() is threading.main_thread():
+            self.previous = signal.signal(signal.SIGINT, self.on_interrupt)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stopped.set()
+        if hasattr(self, "previous"):
+            signal.signal(signal.SIGINT, self.previous)
+
+    def on_interrupt(self, signum: int, frame: Any) -> None:
+        del signum, frame
+        if not self.requested.is_set():
+            self.requested.set()
+            threading.Thread(target=self.cancel_jobs, daemon=True).start()
+
+    def cancel_jobs(self) -> None:
+        while not self.stopped.is_set():
+            with contextlib.suppress(Exception):  # the context may be stopping meanwhile
+                self.sc.cancelAllJobs()
+            self.stopped.wait(1.0)
+
+    def check(self) -> None:
+        """Raise JobCancelledError once a cancel was asked for."""
+        if self.requested.is_set():
+            raise JobCancelledError("cancelled: the job's Spark jobs were cancelled")
 
 
 def effective_master(cfg: TrainConfig) -> str:
@@ -219,7 +265,9 @@ def barrier_task(cfg_json: str, info_json: str) -> Any:
     return run
 
 
-def run_barrier(sc: SparkContext, cfg: TrainConfig, info: DataInfo) -> list[dict[str, Any]]:
+def run_barrier(
+    sc: SparkContext, cfg: TrainConfig, info: DataInfo, cancel: CancelOnInterrupt | None = None
+) -> list[dict[str, Any]]:
     cfg_json = json.dumps(cfg.to_dict())
     rdd = sc.parallelize(range(cfg.workers), cfg.workers)
     # Spark retries a failed barrier stage only if it is a shuffle map stage ("Could not
@@ -228,6 +276,8 @@ def run_barrier(sc: SparkContext, cfg: TrainConfig, info: DataInfo) -> list[dict
     try:
         rows = stage.repartition(1).collect()
     except Exception as exc:
+        if cancel is not None:
+            cancel.check()
         slot_error = _slot_error(exc, cfg)
         if slot_error:  # the training stage checks slots too (see run(): small inputs)
             raise slot_error from exc
@@ -270,6 +320,7 @@ def run(cfg: TrainConfig) -> dict[str, Any]:
     phases: dict[str, float] = {}
     sc = build_context(cfg)
     phases["spark_context"] = time.perf_counter() - start
+    cancel = CancelOnInterrupt(sc).__enter__()
     try:
 
         def session() -> SparkSession:
@@ -293,12 +344,15 @@ def run(cfg: TrainConfig) -> dict[str, Any]:
         train_start = time.perf_counter()
         before_barrier = train_start - start
         barrier_started = time.time()
-        results = run_barrier(sc, cfg, info)
+        cancel.check()
+        results = run_barrier(sc, cfg, info, cancel)
+        cancel.check()
         train_seconds = time.perf_counter() - train_start
         for r in results:  # when each task's Python started, from the barrier stage's start
             r["timings"]["task_launch"] = r["timings"].pop("task_start_at") - barrier_started
     finally:
         mark = time.perf_counter()
+        cancel.__exit__()
         sc.stop()
         phases["spark_stop"] = time.perf_counter() - mark
     if not _has_backup(out):

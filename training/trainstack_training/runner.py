@@ -7,9 +7,14 @@ record, ``RUN_DIR/job.json``, on shared storage, where `trainstack status` and `
 ``queued`` until the job is the oldest queued job and holds the cluster's barrier lock (one
 barrier job at a time; the stack's own job takes the same lock), then ``running``, then
 ``succeeded``, ``failed`` or ``cancelled``. The job's output goes to ``RUN_DIR/output.log``,
-with one line per finished epoch (from the run's epochs.jsonl) for `trainstack logs`. SIGTERM
-(`trainstack cancel`) stops a running job's whole process group; Spark then ends the job's
-executors and their TensorFlow workers on every node.
+with one line per finished epoch (from the run's epochs.jsonl) for `trainstack logs`.
+
+SIGTERM (`trainstack cancel`) stops a running job the way Spark stops one: SIGINT to the
+driver, whose PySpark handler cancels its jobs (Spark kills the barrier tasks and their
+TensorFlow workers on every node) and whose `finally` stops the SparkContext, so the
+application ends and its executors go. A driver still there after STOP_GRACE_SECONDS gets
+SIGTERM, then SIGKILL KILL_AFTER_SECONDS later, and whatever is left of its process group
+(the JVM gateway) is killed when the driver has gone.
 """
 
 from __future__ import annotations
@@ -34,7 +39,8 @@ EPOCHS = "epochs.jsonl"
 FINAL_STATES = ("succeeded", "failed", "cancelled")
 HEARTBEAT_SECONDS = 2.0
 EPOCH_POLL_SECONDS = 0.5  # how often a finished epoch is copied into the output
-STOP_GRACE_SECONDS = 8.0
+STOP_GRACE_SECONDS = 12.0  # SIGINT to the driver, then SIGTERM to its process group
+KILL_AFTER_SECONDS = 6.0  # then SIGKILL
 QUEUE_POLL_SECONDS = 0.5
 
 
@@ -49,13 +55,19 @@ def read_record(run_dir: Path) -> dict[str, Any]:
         return {}
 
 
+# The heartbeat thread and the main thread both write the record: one merge at a time, or a
+# heartbeat that read the record before the final state was written would write it back.
+_RECORD_LOCK = threading.RLock()
+
+
 def write_record(run_dir: Path, **changes: Any) -> dict[str, Any]:
     """Merge `changes` into the record, atomically (readers never see half a file)."""
-    record = {**read_record(run_dir), **changes}
-    tmp = run_dir / f".{RECORD}.{os.getpid()}"
-    tmp.write_text(json.dumps(record, sort_keys=True))
-    os.replace(tmp, run_dir / RECORD)
-    return record
+    with _RECORD_LOCK:
+        record = {**read_record(run_dir), **changes}
+        tmp = run_dir / f".{RECORD}.{os.getpid()}.{threading.get_ident()}"
+        tmp.write_text(json.dumps(record, sort_keys=True))
+        os.replace(tmp, run_dir / RECORD)
+        return record
 
 
 def queued_before(run_dir: Path) -> list[str]:
@@ -93,16 +105,21 @@ class Runner:
         self.run_dir, self.lock, self.command, self.epochs = run_dir, lock, command, epochs
         self.child: subprocess.Popen[bytes] | None = None
         self.cancelled = False
+        self.stop_started = 0.0
+        self.terminated = False
         self.done = threading.Event()
         self.epochs_seen = 0
 
     def on_term(self, signum: int, frame: Any) -> None:
         del frame
-        self.cancelled = True
         if self.child is None:
+            self.cancelled = True
             raise CancelledError(signum)
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(self.child.pid, signal.SIGTERM)
+        if not self.cancelled:
+            self.cancelled = True
+            self.stop_started = time.monotonic()
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(self.child.pid, signal.SIGINT)  # PySpark: cancel the jobs, then stop
 
     def heartbeat(self) -> None:
         """Copy each finished epoch into the output, and keep the record alive."""
@@ -167,18 +184,31 @@ class Runner:
 
     def wait_child(self) -> int:
         assert self.child is not None
-        while True:
-            try:
-                return self.child.wait(timeout=0.5)
-            except subprocess.TimeoutExpired:
-                if self.cancelled and self.stopping_too_long():
-                    with contextlib.suppress(ProcessLookupError):
-                        os.killpg(self.child.pid, signal.SIGKILL)
+        try:
+            while True:
+                try:
+                    return self.child.wait(timeout=0.5)
+                except subprocess.TimeoutExpired:
+                    if self.cancelled:
+                        self.escalate()
+        finally:
+            # What is left of the job's process group once its driver has gone (the JVM
+            # gateway, a stray subprocess of the user's code) goes with it.
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(self.child.pid, signal.SIGKILL)
 
-    def stopping_too_long(self) -> bool:
-        if not hasattr(self, "_stop_started"):
-            self._stop_started = time.monotonic()
-        return time.monotonic() - self._stop_started > STOP_GRACE_SECONDS
+    def escalate(self) -> None:
+        """A cancelled driver that has not stopped: SIGTERM its group, then SIGKILL it."""
+        assert self.child is not None
+        waited = time.monotonic() - self.stop_started
+        sig = None
+        if waited > STOP_GRACE_SECONDS + KILL_AFTER_SECONDS:
+            sig = signal.SIGKILL
+        elif waited > STOP_GRACE_SECONDS and not self.terminated:
+            sig, self.terminated = signal.SIGTERM, True
+        if sig is not None:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(self.child.pid, sig)
 
     def finish(self, code: int | None, reason: str) -> int:
         self.done.set()
