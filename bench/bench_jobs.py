@@ -11,6 +11,9 @@ then, side by side in one run:
   job's own start-up before training (its `time_split`: Spark, data, TensorFlow);
 - how long an epoch's line takes to reach `logs -f` (its arrival against the epoch's end,
   `ended_at` in epochs.jsonl; the same clock: the containers share this machine's);
+- a job's own packages (a requirements file, docs/jobs.md): `submit` with a lock new to this
+  machine and the cluster (resolved by pip with empty caches, shipped, installed), then with
+  changed code and the same lock (installs nothing), beside changed code without packages;
 - `cancel` cycles: submit, wait for the first epoch, cancel, then the time until no process of
   the job is left on any worker node, and the processes left after all cycles.
 The stack is destroyed at the end.
@@ -111,6 +114,17 @@ def changed_copy(root: Path, n: int) -> Path:
     return job
 
 
+def with_packages(root: Path, n: int) -> Path:
+    """changed_copy(n) with a requirements file (a package the nodes do not have)."""
+    job = changed_copy(root, n)
+    (job / "requirements.txt").write_text("tabulate==0.9.0\n")
+    manifest = job / "trainstack.toml"
+    manifest.write_text(
+        manifest.read_text().replace("[job]\n", '[job]\nrequirements = "requirements.txt"\n')
+    )
+    return job
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", type=Path)
@@ -165,6 +179,23 @@ def main() -> None:
                 "median": round(statistics.median(same), 3),
                 "max": round(max(same), 3),
             }
+
+            # a job's own packages: a new lock (empty pip and trainstack caches), then the
+            # same lock with changed code; each job cancelled at once
+            caches = Path(tmp) / "caches"
+            stack.env["XDG_CACHE_HOME"] = str(caches)
+            try:
+                job_id, seconds = submit(stack, with_packages(Path(tmp), 100))
+                result["submit_new_packages_s"] = round(seconds, 3)
+                cli(stack, "cancel", job_id)
+                job_id, seconds = submit(stack, with_packages(Path(tmp), 101))
+                result["submit_same_packages_changed_code_s"] = round(seconds, 3)
+                cli(stack, "cancel", job_id)
+            finally:
+                del stack.env["XDG_CACHE_HOME"]
+            job_id, seconds = submit(stack, changed_copy(Path(tmp), 102))
+            result["submit_changed_code_no_packages_s"] = round(seconds, 3)
+            cli(stack, "cancel", job_id)
 
             # cancel cycles
             gone = []

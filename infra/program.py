@@ -20,7 +20,8 @@ from infra.components.image import NodeImage, NodeImageArgs
 from infra.components.provisioning import Provisioning, ProvisioningArgs, tree_digest
 from infra.components.training import Training, TrainingArgs
 from infra.images.bake import image_digest, image_tag
-from infra.jobs import JobDirError, pack
+from infra.jobs import JobDirError, envs, pack
+from infra.jobs.envs import Env, EnvError
 from infra.targets.ssh import SshCluster, SshClusterArgs
 
 ROOT = stack_config.PROJECT_DIR
@@ -55,6 +56,18 @@ def training_settings(config: stack_config.StackConfig, job_sha: str = "") -> di
         "cores_per_worker": config.worker_spark_cores if config.train_strategy == "single" else 1,
         "spark_conf": DRIVER_CONF,
     }
+
+
+# Settings of the declared job alone, not defaults of a submitted one (jobDefaults).
+JOB_ONLY_SETTINGS = ("job_sha", "job_params", "env_sha")
+
+
+def resolve_job_env(config: stack_config.StackConfig) -> Env | None:
+    """The declared job's packages (infra.jobs.envs), resolved on this machine."""
+    from trainstack_training.job import load_spec
+
+    spec = load_spec(config.job_path, config.job_params_dict)  # checked by config already
+    return envs.resolve(config.job_path, spec.requirements)
 
 
 def training_trigger(config: stack_config.StackConfig, settings: dict) -> str:
@@ -161,7 +174,8 @@ def main() -> None:
     # The job's code, packed now: a directory over the size cap fails before anything.
     try:
         job = pack(config.job_path) if config.train else None
-    except JobDirError as exc:
+        env = resolve_job_env(config) if config.train else None
+    except (JobDirError, EnvError) as exc:
         raise pulumi.RunError(f"trainstack:job: {exc}") from None
     stack = pulumi.get_stack()
     artifacts = ROOT / ".artifacts" / stack
@@ -213,6 +227,8 @@ def main() -> None:
 
     assert job is not None  # config.train
     settings = training_settings(config, job.sha)
+    if env is not None:  # only then: an unchanged job without packages keeps its trigger
+        settings["env_sha"] = env.sha
     # What `trainstack submit` needs (infra/jobs/cli.py): the nodes that may submit, and the
     # stack's training settings as a submitted job's defaults.
     pulumi.export("jobNodes", submit_candidates)
@@ -220,7 +236,7 @@ def main() -> None:
         "jobDefaults",
         pulumi.Output.from_input(cluster.spark_master_url).apply(
             lambda url: {
-                **{k: v for k, v in settings.items() if k not in ("job_sha", "job_params")},
+                **{k: v for k, v in settings.items() if k not in JOB_ONLY_SETTINGS},
                 "master_url": url,
             }
         ),
@@ -233,6 +249,7 @@ def main() -> None:
             settings=settings,
             trigger=training_trigger(config, settings),
             job_source=str(config.job_path),
+            env_wheels=str(env.wheels) if env else "",
             host_artifacts_dir=str(artifacts / "training"),
             monitoring=cluster.monitoring_url,
             node_cpus={spec.key: spec.cpus for spec in plan_of(config)},

@@ -23,6 +23,7 @@ import pulumi
 from pulumi.dynamic import CreateResult, DiffResult, Resource, ResourceProvider, UpdateResult
 
 from infra.errors import UserFacingError, short_provider_errors, write_details
+from infra.jobs import envs
 from infra.jobs.remote import (
     JOB_USER,
     JOBS_DIR,
@@ -174,6 +175,13 @@ def _ship_job(node: Transport, props: dict[str, Any]) -> None:
         ship_directory(node, props["job_source"], sha)
     except RemoteError as exc:
         raise TrainingError(f"training job: {exc}") from None
+    env_sha = props["settings"].get("env_sha")
+    if env_sha:
+        env = envs.Env(env_sha, (), Path(props.get("env_wheels") or "/nonexistent"))
+        try:
+            envs.install(node, env, f"{NODE_VENV}/bin/python", JOB_USER)
+        except envs.EnvError as exc:
+            raise TrainingError(f"training job: {exc}") from None
 
 
 def _test_hold_file() -> str:
@@ -211,6 +219,8 @@ def _job_command(props: dict[str, Any], run_dir: str, hold_file: str = "") -> li
     if settings.get("job_sha"):  # absent in the state of runs launched before jobs
         command += ["--job-dir", f"{JOBS_DIR}/{settings['job_sha']}"]
         command += ["--job-params", settings.get("job_params") or "{}"]
+    if settings.get("env_sha"):
+        command += ["--job-env", envs.Env(settings["env_sha"], (), Path()).site]
     if settings.get("strategy"):  # absent in the state of runs launched before the key
         command += ["--train-strategy", settings["strategy"]]
         command += ["--cores-per-worker", str(int(settings.get("cores_per_worker") or 1))]
@@ -267,6 +277,7 @@ class _TrainingJobProvider(ResourceProvider):
                 "submitted_on": node.name,
                 "job": props.get("job_source", ""),
                 "code_sha": props["settings"].get("job_sha", ""),
+                "env_sha": props["settings"].get("env_sha", ""),
                 "copy_command": node.copy_command(run_dir),
             },
         }
@@ -305,6 +316,9 @@ class TrainingArgs:
     host_artifacts_dir: str
     # The job's directory on this machine (settings["job_sha"] is its packed content's sha).
     job_source: str = ""
+    # Where the job's packages' wheels are cached on this machine (infra.jobs.envs), when
+    # settings["env_sha"] names an overlay.
+    env_wheels: str = ""
     # Prometheus's URL on the host (monitoring on): the run's utilisation picture comes from it.
     monitoring: pulumi.Input[str] | None = None
     node_cpus: dict[str, float] | None = None  # CPU limit per node, for the bottleneck
@@ -329,6 +343,7 @@ class Training(pulumi.ComponentResource):
                 "run_id": f"run-{args.trigger[:12]}",
                 "host_artifacts_dir": args.host_artifacts_dir,
                 "job_source": args.job_source,
+                "env_wheels": args.env_wheels,
                 "monitoring_url": args.monitoring or "",
                 "node_cpus": args.node_cpus or {},
                 "scrape_interval": args.scrape_interval,

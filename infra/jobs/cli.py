@@ -19,6 +19,7 @@ job directory, an unknown job); 3 the stack or its nodes cannot be reached.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import secrets
@@ -32,6 +33,8 @@ from pathlib import Path
 from typing import Any
 
 from infra.config import PROJECT_DIR
+from infra.jobs import envs
+from infra.jobs.envs import EnvError
 from infra.jobs.package import JobDirError, Packed, pack
 from infra.jobs.remote import (
     JOB_USER,
@@ -48,6 +51,9 @@ from infra.transport import Transport, TransportError, transports_for
 
 FINAL = ("succeeded", "failed", "cancelled")
 EXIT_FAILED, EXIT_INPUT, EXIT_UNREACHABLE = 1, 2, 3
+# How long `cancel` waits for the runner to record the end (its driver gets 12 s to stop
+# the Spark way, then SIGTERM, then SIGKILL 6 s later: docs/jobs.md).
+CANCEL_WAIT_SECONDS = 40
 LOG_POLL_SECONDS = 0.5
 
 
@@ -126,12 +132,19 @@ class Jobs:
 
     def record(self, job_id: str, node: Transport | None = None) -> dict[str, Any]:
         node = node or self.any_node()
-        try:
-            return dict(json.loads(node.fetch(f"{MODELS_DIR}/{job_id}/job.json")))
-        except TransportError:
-            raise CliError(
-                f"no job {job_id!r} on this stack (`trainstack list` shows its jobs)", EXIT_INPUT
-            ) from None
+        path = f"{MODELS_DIR}/{job_id}/job.json"
+        for _ in range(5):
+            try:
+                text = node.fetch(path)
+            except TransportError:
+                raise CliError(
+                    f"no job {job_id!r} on this stack (`trainstack list` shows its jobs)",
+                    EXIT_INPUT,
+                ) from None
+            with contextlib.suppress(ValueError):  # replaced atomically: a retry reads it whole
+                return dict(json.loads(text))
+            time.sleep(0.2)
+        raise CliError(f"{path} on {node.name} is not valid JSON", EXIT_FAILED)
 
     def records(self) -> list[dict[str, Any]]:
         node = self.any_node()
@@ -155,13 +168,18 @@ class Jobs:
         try:
             spec = load_spec(directory, params)
             packed: Packed = pack(directory)
-        except (JobError, JobDirError) as exc:
+            env = envs.resolve(directory, spec.requirements)
+        except (JobError, JobDirError, EnvError) as exc:
             raise CliError(str(exc), EXIT_INPUT) from None
         node = self.any_node_with_venv()
         try:
             ship(node, packed)
         except RemoteError as exc:
             raise CliError(str(exc), EXIT_UNREACHABLE) from None
+        try:
+            site = envs.install(node, env, f"{NODE_VENV}/bin/python", JOB_USER) if env else ""
+        except EnvError as exc:
+            raise CliError(str(exc), EXIT_FAILED) from None
         job_id = f"job-{datetime.now(UTC):%Y%m%d-%H%M%S}-{secrets.token_hex(2)}"
         run_dir = f"{MODELS_DIR}/{job_id}"
         settings = {**self.defaults, **overrides}
@@ -171,6 +189,7 @@ class Jobs:
             "submitted_at": time.time(),
             "job": str(directory.resolve()),
             "code_sha": packed.sha,
+            "env_sha": env.sha if env else "",
             "params": spec.params,
             "mode": spec.mode,
             "node": node.name,
@@ -182,6 +201,7 @@ class Jobs:
             f"{NODE_VENV}/bin/trainstack-train",
             "--job-dir", f"{JOBS_DIR}/{packed.sha}",
             "--job-params", json.dumps(spec.params, sort_keys=True),
+            "--job-env", site,
             "--master", str(settings["master_url"]),
             "--workers", str(int(settings["workers"])),
             "--epochs", str(int(settings["epochs"])),
@@ -244,13 +264,17 @@ class Jobs:
                     break
         if pid:
             node.run(["kill", "-TERM", str(pid)], user=JOB_USER)
-        deadline = time.monotonic() + 20
+        deadline = time.monotonic() + CANCEL_WAIT_SECONDS
         while time.monotonic() < deadline:
             record = self.record(job_id, node)
             if record.get("state") in FINAL:
                 return record
             time.sleep(0.25)
-        raise CliError(f"job {job_id} did not stop within 20 s (runner pid {pid})", EXIT_FAILED)
+        raise CliError(
+            f"job {job_id} did not stop within {CANCEL_WAIT_SECONDS} s (runner pid {pid} on "
+            f"{node.name})",
+            EXIT_FAILED,
+        )
 
 
 def _age(record: dict[str, Any]) -> str:

@@ -1,11 +1,13 @@
 """Your own code on the shared stack (docs/jobs.md): a job directory of the user's with an
 error fails the `up` with their error at their file and line, keeps the servers and launches
-nothing more; the convolutional example (full mode) then trains through `pulumi up`, its code
-shipped by content. Leaves the shared stack on its default job (examples/digits), retrained."""
+nothing more; the convolutional example (full mode), with a package of its own, then trains
+through `pulumi up`, its code shipped by content and its package installed once. Leaves the
+shared stack on its default job (examples/digits), retrained."""
 
 from __future__ import annotations
 
 import json
+import shutil
 from pathlib import Path
 
 import pytest
@@ -56,9 +58,20 @@ def test_an_error_in_the_users_code_fails_the_up_naming_their_file_and_line(
     assert "net.py" in shipped and ".git" not in shipped
 
 
-def test_the_convolutional_example_trains_in_full_mode_through_pulumi_up(platform):
+def test_the_convolutional_example_trains_in_full_mode_through_pulumi_up(platform, tmp_path):
     stack = platform.stack
-    stack.set_config(job=str(EXAMPLES / "digits-cnn"))
+    # The example, with a package of its own that the nodes do not have (docs/jobs.md,
+    # Packages): installed with the code by the `up`, imported on every TensorFlow worker.
+    job = tmp_path / "digits-cnn"
+    shutil.copytree(EXAMPLES / "digits-cnn", job)
+    (job / "requirements.txt").write_text("tabulate==0.9.0\n")
+    manifest = job / "trainstack.toml"
+    manifest.write_text(
+        manifest.read_text().replace("[job]\n", '[job]\nrequirements = "requirements.txt"\n')
+    )
+    with (job / "cnn.py").open("a") as cnn:
+        cnn.write("\nimport tabulate  # noqa: E402,F401\n")
+    stack.set_config(job=str(job))
     try:
         up = stack.up()
         result = platform.outputs()["training"]
@@ -69,6 +82,12 @@ def test_the_convolutional_example_trains_in_full_mode_through_pulumi_up(platfor
     assert result["epochs"] == int(CONFIG["trainEpochs"])
     assert result["final_val_accuracy"] >= 0.85, result
     assert len(result["code_sha"]) == 64 and result["job"].endswith("digits-cnn")
+    assert "installing packages" in up.stdout + up.stderr and len(result["env_sha"]) == 64
+    code, _ = sh(
+        platform.container("worker-1"),
+        f"test -f {MODELS}/envs/{result['env_sha']}/site/tabulate/__init__.py",
+    )
+    assert code == 0
     code, rows = sh(
         platform.container("control-3"), f"cat {result['cluster_run_dir']}/epochs.jsonl"
     )

@@ -80,11 +80,6 @@ BAD = [
     ('[job]\nentry = "m"\n', {"m.py": "def train(ctx):\n  return (\n"}, "m.py:2: syntax error"),
     ('[job\nentry = "m"\n', {}, "not valid TOML"),
     ('[job]\nentry = "m"\nrequirements = "r.txt"\n', {"m.py": "def train(c): ..."}, "does not"),
-    (
-        '[job]\nentry = "m"\nrequirements = "r.txt"\n',
-        {"m.py": "def train(c): ...", "r.txt": "# pins\nlightgbm==4.0\n"},
-        "asks for lightgbm==4.0: installing a job's own packages is not supported yet",
-    ),
     ('[job]\nentry = "m"\n[params]\nx = 1\n', {"m.py": "def train(c): ..."}, None),
 ]
 
@@ -153,3 +148,44 @@ def test_a_lost_peer_is_a_cluster_failure_not_the_users_error(tmp_path):
     assert not is_cluster_failure(type("UnavailableError", (Exception,), {})("mine"))
     with pytest.raises(UserCodeError, match=r"your code failed: KeyError: 'k'"):
         call_user(spec, lambda: {}["k"])
+
+
+def test_a_job_that_lists_packages_does_not_run_without_them(tmp_path):
+    from trainstack_training.config import TrainConfig
+    from trainstack_training.train import job_spec
+
+    job = _job(
+        tmp_path,
+        '[job]\nentry = "m"\nrequirements = "r.txt"\n',
+        {"m.py": "def train(c): ...", "r.txt": "# pins\nlightgbm==4.0\n"},
+    )
+    with pytest.raises(JobError, match=r"lists packages in r\.txt but job_env is empty"):
+        job_spec(TrainConfig(job_dir=str(job)))
+    assert job_spec(TrainConfig(job_dir=str(job), job_env="/srv/envs/x/site")).mode == "full"
+    (job / "r.txt").write_text("# nothing yet\n")
+    assert job_spec(TrainConfig(job_dir=str(job))).requirements == "r.txt"
+
+
+def test_the_packages_overlay_is_importable_after_the_jobs_own_code(tmp_path, monkeypatch):
+    import sys
+
+    from trainstack_training.job import import_entry
+
+    site = tmp_path / "site"
+    (site / "extrapkg").mkdir(parents=True)
+    (site / "extrapkg" / "__init__.py").write_text("VALUE = 'from the overlay'\n")
+    (site / "m.py").write_text("raise RuntimeError('the overlay shadowed the job')\n")
+    (tmp_path / "job").mkdir()
+    job = _job(
+        tmp_path / "job",
+        '[job]\nentry = "m"\n',
+        {"m.py": "import extrapkg\nVALUE = extrapkg.VALUE\ndef train(c): ...\n"},
+    )
+    monkeypatch.setattr(sys, "path", list(sys.path))
+    monkeypatch.delitem(sys.modules, "m", raising=False)
+    monkeypatch.delitem(sys.modules, "extrapkg", raising=False)
+    module = import_entry(load_spec(job), str(site))
+    assert module.VALUE == "from the overlay"
+    assert sys.path[:2] == [str(job.resolve()), str(site)]
+    monkeypatch.delitem(sys.modules, "m", raising=False)
+    monkeypatch.delitem(sys.modules, "extrapkg", raising=False)

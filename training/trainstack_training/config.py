@@ -48,6 +48,13 @@ class TrainConfig:
         default="{}",
         metadata={"help": "JSON object of job parameters over the manifest's [params]"},
     )
+    job_env: str = field(
+        default="",
+        metadata={
+            "help": "the site directory of the job's packages, installed from its "
+            "requirements by `trainstack submit` or `pulumi up` (docs/jobs.md, Packages)"
+        },
+    )
     epochs: int = field(default=5, metadata={"help": "training epochs"})
     batch_size: int = field(
         default=32,

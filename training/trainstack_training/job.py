@@ -4,7 +4,7 @@ A job is a directory with a manifest, ``trainstack.toml``, and the user's Python
 
     [job]
     entry = "model"          # a module of this directory: model.py or model/__init__.py
-    # requirements = "requirements.txt"   # extra packages: refused for now (docs/jobs.md)
+    # requirements = "requirements.txt"   # extra packages (docs/jobs.md, "Packages")
 
     [params]                 # defaults; the stack's trainstack:jobParams override them
     learning_rate = 0.001
@@ -174,25 +174,8 @@ def load_spec(directory: str | Path, params: dict[str, Any] | None = None) -> Jo
             "at module level",
         )
     requirements = job.get("requirements", "")
-    if requirements:
-        req_path = directory / str(requirements)
-        wanted = []
-        if req_path.is_file():
-            wanted = [
-                ln.strip()
-                for ln in req_path.read_text().splitlines()
-                if ln.strip() and not ln.strip().startswith("#")
-            ]
-        elif not req_path.exists():
-            raise _fail(directory, f"{MANIFEST}: requirements = {requirements!r} does not exist")
-        if wanted:
-            raise _fail(
-                directory,
-                f"{requirements} asks for {', '.join(wanted[:5])}: installing a job's own "
-                "packages is not supported yet (the nodes have TensorFlow, Keras, NumPy, "
-                "pandas, pyarrow and scikit-learn; docs/jobs.md), so the job is refused rather "
-                "than run without them",
-            )
+    if requirements and not (directory / str(requirements)).is_file():
+        raise _fail(directory, f"{MANIFEST}: requirements = {requirements!r} does not exist")
     merged = {
         **_check_params(directory, values.get("params", {}), "[params]"),
         **_check_params(directory, params or {}, "the stack's job parameters"),
@@ -208,12 +191,23 @@ def load_spec(directory: str | Path, params: dict[str, Any] | None = None) -> Jo
     )
 
 
-def import_entry(spec: JobSpec) -> ModuleType:
-    """Import the entry module with the job directory first on sys.path (in a fresh process:
-    Spark starts one per task). An import error is the user's error, with their frames."""
+def listed_requirements(spec: JobSpec) -> list[str]:
+    """The requirement lines of the job's requirements file (comments and blanks dropped)."""
+    if not spec.requirements:
+        return []
+    text = (Path(spec.directory) / spec.requirements).read_text()
+    lines = (ln.split(" #", 1)[0].strip() for ln in text.splitlines())
+    return [ln for ln in lines if ln and not ln.startswith("#")]
+
+
+def import_entry(spec: JobSpec, env_site: str = "") -> ModuleType:
+    """Import the entry module with the job directory first on sys.path, and its packages'
+    overlay (`env_site`, infra/jobs/envs.py) next (in a fresh process: Spark starts one per
+    task). An import error is the user's error, with their frames."""
     directory = str(Path(spec.directory).resolve())
-    if directory not in sys.path:
-        sys.path.insert(0, directory)
+    for path in (env_site, directory):  # the directory ends up first
+        if path and path not in sys.path:
+            sys.path.insert(0, path)
     importlib.invalidate_caches()
     return call_user(spec, importlib.import_module, spec.entry)
 

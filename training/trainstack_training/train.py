@@ -28,6 +28,7 @@ from trainstack_training.job import (
     UserCodeError,
     call_user,
     import_entry,
+    listed_requirements,
     load_spec,
     record_error,
     recorded_error,
@@ -136,7 +137,7 @@ def run_worker(
         pin_to_cores(task_index, cores)
     tf = import_tensorflow(cores)
     try:
-        module = import_entry(spec)
+        module = import_entry(spec, cfg.job_env)
         return _run_job(cfg, info, spec, module, tf, task_index, attempt, host, marks)
     except UserCodeError as exc:
         record_error(out, str(exc), task_index)
@@ -154,7 +155,13 @@ def job_spec(cfg: TrainConfig) -> JobSpec:
         params = json.loads(cfg.job_params or "{}")
     except ValueError as exc:
         raise JobError(f"job_params is not a JSON object: {exc}") from None
-    return load_spec(cfg.job_dir, params)
+    spec = load_spec(cfg.job_dir, params)
+    if listed_requirements(spec) and not cfg.job_env:
+        raise JobError(
+            f"the job lists packages in {spec.requirements} but job_env is empty: run it with "
+            "`trainstack submit` or `pulumi up`, which install them (docs/jobs.md, Packages)"
+        )
+    return spec
 
 
 def _run_job(
