@@ -216,6 +216,7 @@ def main() -> None:
             result["cancel_to_no_process_s"] = {
                 "median": round(statistics.median(gone), 2) if gone else None,
                 "max": round(max(gone), 2) if gone else None,
+                "all": [round(g, 2) for g in gone],
             }
             result["stray_processes_after_cycles"] = job_processes(workers)
         finally:

@@ -51,8 +51,8 @@ from infra.transport import Transport, TransportError, transports_for
 
 FINAL = ("succeeded", "failed", "cancelled")
 EXIT_FAILED, EXIT_INPUT, EXIT_UNREACHABLE = 1, 2, 3
-# How long `cancel` waits for the runner to record the end (its driver gets 12 s to stop
-# the Spark way, then SIGTERM, then SIGKILL 6 s later: docs/jobs.md).
+# How long `cancel` waits for the runner to record the end (its driver gets 5 s to stop
+# the Spark way, then SIGTERM, then SIGKILL 5 s later: docs/jobs.md).
 CANCEL_WAIT_SECONDS = 40
 LOG_POLL_SECONDS = 0.5
 

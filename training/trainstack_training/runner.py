@@ -39,8 +39,8 @@ EPOCHS = "epochs.jsonl"
 FINAL_STATES = ("succeeded", "failed", "cancelled")
 HEARTBEAT_SECONDS = 2.0
 EPOCH_POLL_SECONDS = 0.5  # how often a finished epoch is copied into the output
-STOP_GRACE_SECONDS = 12.0  # SIGINT to the driver, then SIGTERM to its process group
-KILL_AFTER_SECONDS = 6.0  # then SIGKILL
+STOP_GRACE_SECONDS = 5.0  # SIGINT to the driver, then SIGTERM to its process group
+KILL_AFTER_SECONDS = 5.0  # then SIGKILL
 QUEUE_POLL_SECONDS = 0.5
 
 
