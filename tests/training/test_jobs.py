@@ -79,6 +79,33 @@ def test_an_error_in_the_users_code_names_their_file_and_line_and_is_not_retried
     assert time.monotonic() - started < 120
 
 
+def test_a_job_without_progress_fails_with_every_ranks_stacks(tmp_path):
+    job = _job(
+        tmp_path / "job",
+        {
+            "trainstack.toml": '[job]\nentry = "m"\nprogress_timeout = 4\n',
+            "m.py": (
+                "import time\n\n"
+                "def wait_forever():\n"
+                "    while True:\n"
+                "        time.sleep(0.2)\n\n"
+                "def train(ctx):\n"
+                "    wait_forever()\n"
+            ),
+        },
+    )
+    started = time.monotonic()
+    rc, s, _ = run_cli(["--job-dir", str(job), "--output", str(tmp_path / "out")])
+    assert rc == 1 and s["kind"] == "JobCodeError", s
+    assert s["error"].startswith("no progress for 4 s on rank "), s["error"]
+    stacks = sorted((tmp_path / "out").glob("stacks-rank*.txt"))
+    assert stacks, list((tmp_path / "out").iterdir())
+    text = stacks[0].read_text()
+    assert "in wait_forever" in text and "m.py" in text, text[:2000]
+    # One hang, not one per retry: the retries fail at once on the recorded error.
+    assert time.monotonic() - started < 90
+
+
 @pytest.mark.parametrize(
     ("files", "message"),
     [

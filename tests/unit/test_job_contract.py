@@ -80,6 +80,9 @@ BAD = [
     ('[job]\nentry = "m"\n', {"m.py": "def train(ctx):\n  return (\n"}, "m.py:2: syntax error"),
     ('[job\nentry = "m"\n', {}, "not valid TOML"),
     ('[job]\nentry = "m"\nrequirements = "r.txt"\n', {"m.py": "def train(c): ..."}, "does not"),
+    ('[job]\nentry = "m"\nprogress_timeout = -1\n', {"m.py": "def train(c): ..."}, "-1: give"),
+    ('[job]\nentry = "m"\nprogress_timeout = "9"\n', {"m.py": "def train(c): ..."}, ">= 0"),
+    ('[job]\nentry = "m"\nprogress_timeout = true\n', {"m.py": "def train(c): ..."}, ">= 0"),
     ('[job]\nentry = "m"\n[params]\nx = 1\n', {"m.py": "def train(c): ..."}, None),
 ]
 

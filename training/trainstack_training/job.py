@@ -43,7 +43,9 @@ from typing import Any
 MANIFEST = "trainstack.toml"
 ERROR_FILE = ".job-error.json"  # in the run directory: the user's error, for retries and driver
 _MODULE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*$")
-_JOB_KEYS = ("entry", "requirements")
+_JOB_KEYS = ("entry", "requirements", "progress_timeout")
+# A rank with no finished batch, epoch or ctx.report for this long fails (watchdog.py).
+DEFAULT_PROGRESS_TIMEOUT = 600.0
 _TOP_KEYS = ("job", "params")
 SIMPLE_FUNCTIONS = ("build_model", "datasets")
 FULL_FUNCTION = "train"
@@ -68,6 +70,7 @@ class JobSpec:
     has_datasets: bool
     params: dict[str, Any] = field(default_factory=dict)
     requirements: str = ""
+    progress_timeout: float = DEFAULT_PROGRESS_TIMEOUT  # seconds; 0 = off
 
 
 def _fail(directory: Path, what: str) -> JobError:
@@ -173,6 +176,13 @@ def load_spec(directory: str | Path, params: dict[str, Any] | None = None) -> Jo
             f"{rel} defines neither build_model(ctx) (simple mode) nor train(ctx) (full mode) "
             "at module level",
         )
+    timeout = job.get("progress_timeout", DEFAULT_PROGRESS_TIMEOUT)
+    if isinstance(timeout, bool) or not isinstance(timeout, int | float) or timeout < 0:
+        raise _fail(
+            directory,
+            f"{MANIFEST}: progress_timeout = {timeout!r}: give seconds, a number >= 0 "
+            "(0 turns the no-progress timeout off)",
+        )
     requirements = job.get("requirements", "")
     if requirements and not (directory / str(requirements)).is_file():
         raise _fail(directory, f"{MANIFEST}: requirements = {requirements!r} does not exist")
@@ -188,6 +198,7 @@ def load_spec(directory: str | Path, params: dict[str, Any] | None = None) -> Jo
         has_datasets="datasets" in functions,
         params=merged,
         requirements=str(requirements or ""),
+        progress_timeout=float(timeout),
     )
 
 

@@ -34,6 +34,7 @@ from trainstack_training.job import (
     recorded_error,
 )
 from trainstack_training.model import local_step_logs
+from trainstack_training.watchdog import Watchdog, exit_rank
 
 EPOCH_LOG = "epochs.jsonl"
 FAULT_MARKER = ".fault-injected"
@@ -136,12 +137,18 @@ def run_worker(
     if cfg.pin_cores:
         pin_to_cores(task_index, cores)
     tf = import_tensorflow(cores)
-    try:
-        module = import_entry(spec, cfg.job_env)
-        return _run_job(cfg, info, spec, module, tf, task_index, attempt, host, marks)
-    except UserCodeError as exc:
-        record_error(out, str(exc), task_index)
-        raise
+
+    def stuck(message: str) -> None:
+        record_error(out, message, task_index)  # the retries fail at once: no second hang
+        exit_rank(message)
+
+    with Watchdog(spec.progress_timeout, out, task_index, stuck) as watchdog:
+        try:
+            module = import_entry(spec, cfg.job_env)
+            return _run_job(cfg, info, spec, module, tf, task_index, attempt, host, marks, watchdog)
+        except UserCodeError as exc:
+            record_error(out, str(exc), task_index)
+            raise
 
 
 def job_spec(cfg: TrainConfig) -> JobSpec:
@@ -174,6 +181,7 @@ def _run_job(
     attempt: int,
     host: str,
     marks: dict[str, float],
+    watchdog: Watchdog,
 ) -> WorkerResult:
     marks["tf_imported"] = time.time()
     tf.keras.utils.set_random_seed(cfg.seed)  # same initial weights on every worker
@@ -193,8 +201,18 @@ def _run_job(
     epoch_timer, epoch_log, fault_injector, hold_point = _callback_classes(tf)
     timer = epoch_timer(steps_per_epoch)
 
+    class Progress(tf.keras.callbacks.Callback):
+        """Each finished batch is progress for the no-progress timeout."""
+
+        def on_train_batch_end(self, batch: int, logs: Any = None) -> None:
+            watchdog.touch()
+
+        def on_epoch_end(self, epoch: int, logs: Any = None) -> None:
+            watchdog.touch()
+
     def callbacks() -> list[Any]:
         cbs: list[Any] = [
+            Progress(),
             # On shared storage, so a retried barrier stage resumes from the last finished epoch.
             tf.keras.callbacks.BackupAndRestore(backup_dir=str(out / "backup")),
             timer,
@@ -218,6 +236,10 @@ def _run_job(
             # hold. Every worker holds: none waits inside a collective meanwhile.
             cbs.append(hold_point(EpochHold(cfg.hold_file, cfg.epochs, task_index, attempt)))
         return cbs
+
+    def report(metrics: dict[str, Any]) -> None:
+        watchdog.touch()
+        reporter.report(metrics)
 
     reporter = EpochReporter(out / EPOCH_LOG, is_chief, attempt, len(x_train) * workers)
     ctx = JobContext(
@@ -244,7 +266,7 @@ def _run_job(
         model_path=str(out / "model.keras"),
         attempt=attempt,
         _callbacks=callbacks,
-        _report=reporter.report,
+        _report=report,
     )
     marks["data_loaded"] = time.time()
     if spec.mode == "full":
