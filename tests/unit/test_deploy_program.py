@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from dataclasses import replace
 
 import pulumi
@@ -166,3 +167,241 @@ def test_job_jvms_compile_with_c1_only_and_the_training_package_parses_it():
         "spark.driver.extraJavaOptions": "-XX:TieredStopAtLevel=1",
         "spark.executor.extraJavaOptions": "-XX:TieredStopAtLevel=1",
     }
+
+
+# The whole program under the mocks: which resources it declares (their URNs, with the full
+# chain of parent types as the engine writes it) and what it exports, per target.
+
+
+class ProgramMocks(pulumi.runtime.Mocks):
+    """Outputs the program reads: containers' addresses and ports, servers' facts."""
+
+    def new_resource(self, args: pulumi.runtime.MockResourceArgs):
+        outs = dict(args.inputs)
+        if args.typ == "docker:index/container:Container":
+            group, number = args.inputs["hostname"].rsplit("-", 1)  # control-1: 10.9.1.1
+            subnet = 1 if group == "control" else 2
+            outs["networkDatas"] = [{"ipAddress": f"10.9.{subnet}.{number}"}]
+            outs["ports"] = [
+                {**p, "external": p.get("external") or p["internal"] + 20000 + int(number)}
+                for p in outs.get("ports") or []
+            ]
+        elif args.typ == "command:local:Command":
+            facts = {"os": "Debian GNU/Linux 12", "cores": 4, "host_keys": ["k ssh-ed25519 A"]}
+            outs["stdout"] = json.dumps(facts)
+        elif args.typ == "pulumi-python:dynamic/ssh:ServerProbe":
+            outs["facts"] = args.inputs["recorded"]
+        return [f"{args.name}-id", outs]
+
+    def call(self, args: pulumi.runtime.MockCallArgs):
+        return {}
+
+
+class ProgramMonitor(pulumi.runtime.mocks.MockMonitor):
+    def make_urn(self, parent: str, type_: str, name: str) -> str:
+        # The parent's whole chain of types, as the engine writes it (the stock mock keeps
+        # only the parent's last type, and prefixes the root stack's).
+        if parent and "::pulumi:pulumi:Stack::" not in parent:
+            type_ = parent.split("::")[2] + "$" + type_
+        return f"urn:pulumi:unit::trainstack::{type_}::{name}"
+
+
+def run_program(raw: dict, monkeypatch, tmp_path) -> tuple[dict[str, dict], dict]:
+    """Run `infra.program.main` for the config `raw` (the stack's `trainstack:*` keys);
+    returns the resources it declared (URN -> state) and its stack outputs, resolved."""
+    from infra import config as stack_config
+    from infra import engine, program
+
+    monitor = ProgramMonitor(ProgramMocks())
+    pulumi.runtime.set_mocks(
+        monitor.mocks, project="trainstack", stack="unit", preview=False, monitor=monitor
+    )
+    monkeypatch.setattr(stack_config, "load", lambda: StackConfig.from_mapping(raw))
+    monkeypatch.setattr(program, "ROOT", tmp_path)
+    monkeypatch.setattr(engine, "docker_client", lambda: None)
+    monkeypatch.setattr(engine, "check_no_legacy_stack", lambda client, prefix: None)
+    monkeypatch.setattr(engine, "require_image", lambda client, image, key: "sha256:base")
+    monkeypatch.setattr(engine, "check_ports_free", lambda client, ports, **kw: None)
+    exports: dict = {}
+    monkeypatch.setattr(pulumi, "export", exports.__setitem__)
+    resolved: dict = {}
+
+    @pulumi.runtime.test
+    def declare():
+        program.main()
+        return pulumi.Output.from_input(exports).apply(resolved.update)
+
+    declare()
+    assert list(resolved) == list(exports)
+    states = {urn: dict(r.state) for urn, r in sorted(monitor.resources.items())}
+    text = json.dumps([states, resolved], sort_keys=True, default=repr)
+    states, resolved = json.loads(text.replace(str(tmp_path), "<root>"))
+    return states, resolved
+
+
+def ssh_servers() -> str:
+    def server(name: str, address: str, *roles: str) -> dict:
+        return {"name": name, "address": address, "user": "deploy", "roles": list(roles)}
+
+    return json.dumps(
+        [
+            server("zk-a", "192.0.2.10", "zookeeper", "spark_master", "monitoring"),
+            server("zk-b", "192.0.2.11", "zookeeper", "spark_master"),
+            server("zk-c", "192.0.2.12", "zookeeper"),
+            server("gpu-1", "192.0.2.20", "spark_worker", "tensorflow"),
+            server("gpu-2", "192.0.2.21", "spark_worker", "tensorflow"),
+        ]
+    )
+
+
+PROGRAM_CASES = {
+    "docker": {},
+    "docker-unbaked": {"bakeImage": "false", "monitoring": "false", "train": "false"},
+    "docker-bare": {"provision": "false", "train": "false", "workers": "1"},
+    "ssh": {"target": "ssh", "servers": ssh_servers()},
+}
+
+# URNs without "urn:pulumi:unit::trainstack::". They are the identity of every resource in a
+# stack's state: one that changes (type, name or parent) is a replace on the next `up`.
+CLUSTER = "trainstack:cluster:Cluster"
+NODE = f"{CLUSTER}$trainstack:cluster:Node"
+SSH = "trainstack:ssh:Cluster"
+NODE_IMAGE = [
+    "trainstack:image:NodeImage$docker:index/remoteImage:RemoteImage::node-image",
+    "trainstack:image:NodeImage$pulumi-python:dynamic/image:Bake::node-image-bake",
+    "trainstack:image:NodeImage::node-image",
+]
+PROVISIONING = [
+    "trainstack:cluster:Provisioning$pulumi-python:dynamic/ansible:PlaybookRun::provisioning-site",
+    "trainstack:cluster:Provisioning::provisioning",
+]
+TRAINING = [
+    "trainstack:training:Training$pulumi-python:dynamic/training:TrainingJob::training-job",
+    "trainstack:training:Training::training",
+]
+
+
+def docker_cluster_urns(workers: int) -> list[str]:
+    nodes = ["control-1", "control-2", "control-3"] + [f"worker-{i + 1}" for i in range(workers)]
+    return [
+        f"{CLUSTER}::cluster",
+        f"{CLUSTER}$docker:index/network:Network::network",
+        *(f"{CLUSTER}$docker:index/volume:Volume::{v}" for v in ("checkpoints", "data", "models")),
+        f"{CLUSTER}$pulumi-python:dynamic/secret:RandomSecret::spark-auth-secret",
+        *(f"{NODE}::{n}" for n in nodes),
+        *(f"{NODE}$docker:index/container:Container::{n}-container" for n in nodes),
+        *(f"{NODE}$docker:index/volume:Volume::zookeeper-control-{i}" for i in (1, 2, 3)),
+        *(f"{NODE}$docker:index/volume:Volume::spark-recovery-control-{i}" for i in (1, 2)),
+    ]
+
+
+SERVERS = ("zk-a", "zk-b", "zk-c", "gpu-1", "gpu-2")
+PROGRAM_URNS = {
+    "docker": [*docker_cluster_urns(2), *NODE_IMAGE, *PROVISIONING, *TRAINING],
+    "docker-unbaked": [
+        *docker_cluster_urns(2),
+        "docker:index/remoteImage:RemoteImage::base-image",
+        *PROVISIONING,
+    ],
+    "docker-bare": [*docker_cluster_urns(1), *NODE_IMAGE],
+    "ssh": [
+        f"{SSH}::servers",
+        *(f"{SSH}$command:local:Command::server-{s}" for s in SERVERS),
+        *(f"{SSH}$pulumi-python:dynamic/ssh:ServerProbe::probe-{s}" for s in SERVERS),
+        f"{SSH}$pulumi-python:dynamic/secret:RandomSecret::spark-auth-secret",
+        *PROVISIONING,
+        *TRAINING,
+    ],
+}
+DOCKER_OUTPUTS = ["inventory", "network", "nodeImage", "nodes", "sparkMasterUrl", "sparkUiUrls"]
+JOB_OUTPUTS = ["jobDefaults", "jobNodes", "training"]
+PROGRAM_OUTPUTS = {
+    "docker": [*DOCKER_OUTPUTS, "monitoringUrl", "provisioning", *JOB_OUTPUTS],
+    "docker-unbaked": [*DOCKER_OUTPUTS, "provisioning"],
+    "docker-bare": [*DOCKER_OUTPUTS, "monitoringUrl"],
+    "ssh": [
+        "inventory",
+        "nodes",
+        "sparkMasterUrl",
+        "sparkUiUrls",
+        "monitoringUrl",
+        "provisioning",
+        *JOB_OUTPUTS,
+    ],
+}
+
+
+@pytest.mark.parametrize("case", sorted(PROGRAM_CASES))
+def test_program_declares_the_same_resources_and_outputs_for_every_target(
+    case, monkeypatch, tmp_path
+):
+    states, outputs = run_program(PROGRAM_CASES[case], monkeypatch, tmp_path)
+    prefix = "urn:pulumi:unit::trainstack::"
+    assert sorted(states) == sorted(prefix + urn for urn in PROGRAM_URNS[case])
+    assert sorted(outputs) == sorted(PROGRAM_OUTPUTS[case])
+
+
+def test_docker_program_outputs(monkeypatch, tmp_path):
+    _, out = run_program(PROGRAM_CASES["docker"], monkeypatch, tmp_path)
+    master = "spark://control-1:7077,control-2:7077"
+    assert out["sparkMasterUrl"] == master
+    assert out["sparkUiUrls"] == {
+        "control-1": "http://127.0.0.1:18080",
+        "control-2": "http://127.0.0.1:18081",
+    }
+    assert out["monitoringUrl"] == "http://127.0.0.1:19090"
+    assert out["network"] == "trainstack-unit-net"
+    assert out["nodeImage"]["tag"].startswith("trainstack-node:")
+    assert out["nodes"][3] == {
+        "name": "worker-1",
+        "container": "trainstack-unit-worker-1",
+        "roles": ["spark_worker", "tensorflow"],
+        "address": "10.9.2.1",
+        "container_id": "worker-1-container-id",
+    }
+    assert [n["name"] for n in out["nodes"]] == [
+        "control-1",
+        "control-2",
+        "control-3",
+        "worker-1",
+        "worker-2",
+    ]
+    assert out["inventory"]["all"]["vars"]["trainstack_spark_master_url"] == master
+    assert out["jobNodes"] == [
+        {"name": f"worker-{i}", "transport": "docker", "container": f"trainstack-unit-worker-{i}"}
+        for i in (1, 2)
+    ]
+    settings = training_settings(StackConfig())
+    assert out["jobDefaults"] == {
+        **{k: v for k, v in settings.items() if k not in ("job_sha", "job_params")},
+        "master_url": master,
+    }
+
+
+def test_ssh_program_outputs(monkeypatch, tmp_path):
+    _, out = run_program(PROGRAM_CASES["ssh"], monkeypatch, tmp_path)
+    assert out["sparkMasterUrl"] == "spark://192.0.2.10:7077,192.0.2.11:7077"
+    assert out["sparkUiUrls"] == {
+        "zk-a": "http://192.0.2.10:8080",
+        "zk-b": "http://192.0.2.11:8080",
+    }
+    assert out["monitoringUrl"] == "http://192.0.2.10:9090"
+    assert out["nodes"][0] == {
+        "name": "zk-a",
+        "roles": ["zookeeper", "spark_master", "monitoring"],
+        "address": "192.0.2.10",
+        "facts": {"os": "Debian GNU/Linux 12", "cores": 4},
+    }
+    assert out["jobNodes"] == [
+        {
+            "name": name,
+            "transport": "ssh",
+            "host": host,
+            "port": 22,
+            "user": "deploy",
+            "private_key_file": "",
+            "known_hosts_file": "<root>/.artifacts/unit/ssh/known_hosts",
+        }
+        for name, host in (("gpu-1", "192.0.2.20"), ("gpu-2", "192.0.2.21"))
+    ]
+    assert out["jobDefaults"]["master_url"] == out["sparkMasterUrl"]
