@@ -1,28 +1,27 @@
-"""The stack's program: validate the config, check the engine, declare the platform.
+"""The stack's program: validate the config, declare the target's nodes, the platform on them.
 
-config -> engine checks -> node image -> cluster (nodes) -> provisioning -> training -> outputs
+config -> target (infra/targets: the nodes, as ClusterOutputs) -> provisioning -> training
+-> outputs
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import pulumi
-import pulumi_docker as docker
 
 from infra import config as stack_config
-from infra import engine, topology
-from infra.components import Cluster, ClusterArgs
-from infra.components.image import NodeImage, NodeImageArgs
 from infra.components.provisioning import Provisioning, ProvisioningArgs, tree_digest
 from infra.components.training import Training, TrainingArgs
-from infra.images.bake import image_digest, image_tag
 from infra.jobs import JobDirError, envs, pack
 from infra.jobs.envs import Env, EnvError
-from infra.targets.ssh import SshCluster, SshClusterArgs
+from infra.targets import docker as docker_target
+from infra.targets import ssh as ssh_target
+from infra.targets.base import ClusterOutputs, TargetArgs
 
 ROOT = stack_config.PROJECT_DIR
 # The driver runs beside an executor on the submitting worker: keep its heap small.
@@ -88,81 +87,13 @@ def wheelhouse_path(config: stack_config.StackConfig) -> Path:
     return path if path.is_absolute() else ROOT / path
 
 
-def preflight(config: stack_config.StackConfig, prefix: str) -> str:
-    """Everything that would fail half-way, checked before any resource is declared.
-
-    Returns the base image's id.
-    """
-    client = engine.docker_client()
-    engine.check_no_legacy_stack(client, prefix)
-    base_id = engine.require_image(client, config.base_image, "trainstack:baseImage")
-    engine.check_ports_free(
-        client,
-        {
-            f"{prefix}-{spec.key}": (config.bind_address, spec.ui_port)
-            for spec in topology.plan(config)
-            if spec.ui_port
-        },
-    )
-    engine.check_ports_free(
-        client,
-        {
-            f"{prefix}-{spec.key}": (config.bind_address, spec.monitoring_port)
-            for spec in topology.plan(config)
-            if spec.monitoring_port
-        },
-        what="Prometheus UI",
-        key="trainstack:monitoringPort",
-    )
-    return base_id
-
-
-def plan_of(config: stack_config.StackConfig) -> list[topology.NodeSpec]:
-    if config.target == "ssh":
-        return topology.server_plan(config, config.servers)
-    return topology.plan(config)
-
-
-def docker_cluster(
-    config: stack_config.StackConfig, stack: str, artifacts: Path, wheelhouse: Path
-) -> Cluster:
-    """The docker target: the node image (baked by the roles) and the containers."""
-    prefix = topology.resource_prefix(config, stack)
-    try:
-        base_id = preflight(config, prefix)
-    except engine.EngineError as exc:
-        raise pulumi.RunError(str(exc)) from None
-    node_image_tag: str | None = None
-    if config.bake_image:
-        tag = node_image_tag = image_tag(
-            config.image_repository, image_digest(config.base_image, base_id)
-        )
-        node_image = NodeImage(
-            "node-image",
-            NodeImageArgs(
-                tag=tag,
-                base_image=config.base_image,
-                repository=config.image_repository,
-                wheelhouse=str(wheelhouse),
-                log_path=str(artifacts / "image" / f"bake-{tag.rsplit(':', 1)[-1]}.log"),
-            ),
-        )
-        image_id: pulumi.Output[str] = node_image.image_id
-        pulumi.export("nodeImage", node_image.summary)
-    else:
-        base = docker.RemoteImage("base-image", name=config.base_image, keep_locally=True)
-        image_id = base.image_id
-        pulumi.export("nodeImage", {"tag": config.base_image, "size_bytes": 0, "bake_s": 0.0})
-    return Cluster(
-        "cluster",
-        ClusterArgs(
-            config=config,
-            project=pulumi.get_project(),
-            stack=stack,
-            image=image_id,
-            node_image_tag=node_image_tag,
-        ),
-    )
+def build_target(target: TargetArgs) -> ClusterOutputs:
+    """The cluster of `trainstack:target` (config has checked the name)."""
+    targets: dict[str, Callable[[TargetArgs], ClusterOutputs]] = {
+        "docker": docker_target.cluster,
+        "ssh": ssh_target.cluster,
+    }
+    return targets[target.config.target](target)
 
 
 def main() -> None:
@@ -180,26 +111,13 @@ def main() -> None:
     stack = pulumi.get_stack()
     artifacts = ROOT / ".artifacts" / stack
     wheelhouse = wheelhouse_path(config)
-    cluster: Cluster | SshCluster
-    if config.target == "ssh":
-        cluster = SshCluster(
-            "servers", SshClusterArgs(config=config, stack=stack, artifacts=artifacts)
-        )
-        submit_candidates: list = cluster.submit_candidates
-    else:
-        cluster = docker_cluster(config, stack, artifacts, wheelhouse)
-        # Node records (infra.transport): the docker target's nodes are its containers.
-        submit_candidates = [
-            {"name": spec.key, "transport": "docker", "container": f"{cluster.prefix}-{spec.key}"}
-            for spec in topology.plan(config)
-            if "spark_worker" in spec.roles
-        ]
+    cluster = build_target(TargetArgs(config, stack, artifacts, wheelhouse))
     pulumi.export("sparkMasterUrl", cluster.spark_master_url)
     pulumi.export("sparkUiUrls", cluster.ui_urls)
     if cluster.monitoring_url is not None:
         pulumi.export("monitoringUrl", cluster.monitoring_url)
     pulumi.export("nodes", cluster.nodes)
-    if isinstance(cluster, Cluster):
+    if cluster.network_name is not None:
         pulumi.export("network", cluster.network_name)
     pulumi.export("inventory", cluster.inventory)
     if not config.provision:
@@ -213,11 +131,11 @@ def main() -> None:
             secret_id=cluster.secret_id,
             wheelhouse=str(wheelhouse),
             artifacts_dir=str(artifacts / "ansible"),
-            # The boost lifts the CPU limits of the local engine's containers.
-            cpu_boost=config.provision_cpu_boost and config.target == "docker",
+            cpu_boost=cluster.cpu_boost,
             mitogen=config.provision_mitogen,
         ),
-        opts=pulumi.ResourceOptions(depends_on=[cluster]),
+        # Every target's cluster is one component: provisioning waits for all of it.
+        opts=pulumi.ResourceOptions(depends_on=[cast(pulumi.Resource, cluster)]),
     )
     pulumi.export(
         "provisioning", {"hosts": provisioning.stats, "duration_s": provisioning.duration_s}
@@ -231,7 +149,7 @@ def main() -> None:
         settings["env_sha"] = env.sha
     # What `trainstack submit` needs (infra/jobs/cli.py): the nodes that may submit, and the
     # stack's training settings as a submitted job's defaults.
-    pulumi.export("jobNodes", submit_candidates)
+    pulumi.export("jobNodes", cluster.submit_candidates)
     pulumi.export(
         "jobDefaults",
         pulumi.Output.from_input(cluster.spark_master_url).apply(
@@ -245,14 +163,14 @@ def main() -> None:
         "training",
         TrainingArgs(
             master_url=cluster.spark_master_url,
-            submit_candidates=submit_candidates,
+            submit_candidates=cluster.submit_candidates,
             settings=settings,
             trigger=training_trigger(config, settings),
             job_source=str(config.job_path),
             env_wheels=str(env.wheels) if env else "",
             host_artifacts_dir=str(artifacts / "training"),
             monitoring=cluster.monitoring_url,
-            node_cpus={spec.key: spec.cpus for spec in plan_of(config)},
+            node_cpus={spec.key: spec.cpus for spec in cluster.plan},
             scrape_interval=config.monitoring_scrape_interval,
         ),
         opts=pulumi.ResourceOptions(depends_on=[provisioning]),

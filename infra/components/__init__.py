@@ -1,6 +1,2 @@
-"""Pulumi components: one per concept of the cluster."""
-
-from infra.components.cluster import Cluster, ClusterArgs
-from infra.components.node import Node, NodeArgs
-
-__all__ = ["Cluster", "ClusterArgs", "Node", "NodeArgs"]
+"""Pulumi components every target shares: the node image, the cluster secret, provisioning
+and training. How the nodes come to exist is a target's (infra/targets)."""

@@ -43,3 +43,16 @@ class RandomSecret(Resource, module="secret", name="RandomSecret"):
             opts, pulumi.ResourceOptions(additional_secret_outputs=["value"])
         )
         super().__init__(_RandomSecretProvider(), resource_name, props, opts)
+
+
+def cluster_secret(rotate: str, parent: pulumi.Resource) -> RandomSecret:
+    """The cluster's Spark auth secret, a child of the target's cluster (`parent`).
+
+    A new trainstack:rotateSecrets token (`rotate`) replaces the secret; provisioning then
+    re-runs (it follows the secret's id) and every service restarts with the new one.
+    """
+    return RandomSecret(
+        "spark-auth-secret",
+        keepers={"rotate": rotate} if rotate else {},
+        opts=pulumi.ResourceOptions(parent=parent),
+    )

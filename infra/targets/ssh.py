@@ -39,8 +39,10 @@ from pulumi.dynamic import (
 
 from infra.config import Server, StackConfig, parse_size
 from infra.errors import UserFacingError, short_provider_errors
+from infra.topology import NodeSpec
 
 if TYPE_CHECKING:
+    from infra.targets.base import TargetArgs
     from infra.transport import SshTransport
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -375,6 +377,14 @@ class ServerProbe(Resource, module="ssh", name="ServerProbe"):
         )
 
 
+def cluster(target: TargetArgs) -> SshCluster:
+    """The ssh target: the servers of `trainstack:servers`."""
+    return SshCluster(
+        "servers",
+        SshClusterArgs(config=target.config, stack=target.stack, artifacts=target.artifacts),
+    )
+
+
 @dataclass
 class SshClusterArgs:
     config: StackConfig
@@ -386,15 +396,19 @@ class SshClusterArgs:
 class SshCluster(pulumi.ComponentResource):
     """The servers of `trainstack:servers`: one `command.local.Command` each (facts on
     create and on any change of its record, teardown on delete), and what provisioning and
-    the training launch need to reach them."""
+    the training launch need to reach them (infra.targets.base.ClusterOutputs)."""
 
+    plan: list[NodeSpec]
     nodes: pulumi.Output[list[dict]]
+    inventory: pulumi.Output[dict]
     spark_master_url: str
     ui_urls: pulumi.Output[dict[str, str]]
     monitoring_url: pulumi.Output[str] | None
-    inventory: pulumi.Output[dict]
     spark_auth_secret: pulumi.Output[str]
     secret_id: pulumi.Output[str]
+    submit_candidates: list[dict]
+    network_name = None  # the servers' own network
+    cpu_boost = False  # the servers' CPUs are theirs: no container limits to lift
 
     def __init__(
         self, name: str, args: SshClusterArgs, opts: pulumi.ResourceOptions | None = None
@@ -403,11 +417,11 @@ class SshCluster(pulumi.ComponentResource):
         from pulumi_command import local
 
         from infra import topology
-        from infra.components.secret import RandomSecret
+        from infra.components.secret import cluster_secret
 
         config = args.config
         servers = config.servers
-        plan = topology.server_plan(config, servers)
+        plan = self.plan = topology.server_plan(config, servers)
         self.prefix = topology.resource_prefix(config, args.stack)
         state_dir = args.artifacts / "ssh"
         self.known_hosts = state_dir / "known_hosts"
@@ -459,11 +473,7 @@ class SshCluster(pulumi.ComponentResource):
         # back from the state); every later connection checks against it.
         every_fact.apply(self._write_known_hosts)
 
-        secret = RandomSecret(
-            "spark-auth-secret",
-            keepers={"rotate": config.rotate_secrets} if config.rotate_secrets else {},
-            opts=pulumi.ResourceOptions(parent=self),
-        )
+        secret = cluster_secret(config.rotate_secrets, parent=self)
         self.spark_auth_secret = secret.value
         self.secret_id = secret.id
         reach = {s.name: s.reach for s in servers}

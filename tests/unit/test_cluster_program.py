@@ -5,8 +5,9 @@ from __future__ import annotations
 import pulumi
 import pytest
 
-from infra.components import Cluster, ClusterArgs
+from infra import topology
 from infra.config import StackConfig
+from infra.targets.docker import DockerCluster, DockerClusterArgs
 from infra.topology import LABEL_MANAGED_BY, LABEL_ROLES, LABEL_STACK, MANAGED_BY
 
 pytestmark = pytest.mark.unit
@@ -49,11 +50,12 @@ def mocks() -> Mocks:
     return m
 
 
-def build(config: StackConfig, baked: bool = True) -> Cluster:
-    return Cluster(
+def build(config: StackConfig, baked: bool = True) -> DockerCluster:
+    return DockerCluster(
         "cluster",
-        ClusterArgs(
+        DockerClusterArgs(
             config=config,
+            plan=topology.plan(config),
             project="trainstack",
             stack="unit",
             image="sha256:img",
