@@ -5,6 +5,11 @@ built Pulumi binaries); the project's own folders and state are not: the clone h
 `.venv`, `tools/`, `.pulumi-state/` (so a new passphrase) or stack, and the wheelhouse
 location (under the fresh HOME) is empty, and the node image of this tree is removed so that
 `make up` bakes it. One clone, one `make up`, then `make destroy`.
+
+The one difference from a user's shell is the stack's name: `STACK=newcomer-<6 hex>` in the
+environment (the Makefile's `STACK ?= dev`), so that a developer's own `dev` stack on the same
+engine neither blocks the test nor is touched by it, and a run killed half-way leaves objects
+that `make clean-test-stacks` recognises as a test's (`tests/support/leftovers.py`).
 """
 
 from __future__ import annotations
@@ -13,6 +18,7 @@ import json
 import os
 import shutil
 import subprocess
+import uuid
 from pathlib import Path
 
 import docker
@@ -23,7 +29,16 @@ from tests.support.stacks import ROOT, engine_objects
 pytestmark = pytest.mark.newcomer
 
 REAL_HOME = Path(os.environ.get("HOME", "/root"))
-DEV_LABEL = "trainstack-dev"  # namePrefix "trainstack", stack "dev": the README's stack
+NEWCOMER_STACK = "newcomer-{hex6}"  # the stack's name; the README's default is "dev"
+
+
+def newcomer_stack() -> str:
+    return NEWCOMER_STACK.format(hex6=uuid.uuid4().hex[:6])
+
+
+def stack_label(stack: str) -> str:
+    """The label on what `make up` creates: namePrefix "trainstack" (the default), the stack."""
+    return f"trainstack-{stack}"
 
 
 def newcomer_env(home: Path) -> dict[str, str]:
@@ -59,12 +74,7 @@ def run(args: list[str], cwd: Path, env: dict[str, str], log: Path, timeout: int
 
 @pytest.fixture(scope="module")
 def clone(tmp_path_factory, engine):
-    leftovers = engine_objects(DEV_LABEL)
-    if any(leftovers.values()):
-        pytest.fail(
-            f"a `{DEV_LABEL}` stack already exists on this engine ({leftovers}); the newcomer "
-            "test runs the README's `make up`, which uses that name: `make destroy` it first"
-        )
+    stack = newcomer_stack()
     # A new machine has no node image either: remove this tree's tag (no container of the
     # tests uses it between modules), so `make up` bakes it as a newcomer's would.
     from infra.images.bake import current_digest, image_tag
@@ -81,7 +91,7 @@ def clone(tmp_path_factory, engine):
     home.mkdir()
     repo = base / "trainstack"
     subprocess.run(["git", "clone", "-q", str(ROOT), str(repo)], check=True)
-    env = newcomer_env(home)
+    env = {**newcomer_env(home), "STACK": stack}
     yield repo, env, base
     # Whatever happened, leave nothing behind on the engine, and keep only the logs on disk:
     # the clone's venv, tools and the fresh HOME's wheelhouse take about 5 GB.
@@ -92,6 +102,7 @@ def clone(tmp_path_factory, engine):
 
 def test_make_up_once_trains_and_make_destroy_leaves_nothing(clone, engine):
     repo, env, base = clone
+    stack = env["STACK"]
     wheelhouse = Path(env["HOME"]) / ".cache" / "trainstack" / "wheelhouse"
     assert not wheelhouse.exists()
 
@@ -103,8 +114,8 @@ def test_make_up_once_trains_and_make_destroy_leaves_nothing(clone, engine):
     assert "validation accuracy" in out
     assert "builder container trainstack-node-builder-" in out, "the node image was not baked"
     # The bake ran the roles (its log is the one tests/images would have read of its own bake).
-    bake_logs = list((repo / ".artifacts" / "dev" / "image").glob("bake-*.log"))
-    assert bake_logs, "no bake log under .artifacts/dev/image"
+    bake_logs = list((repo / ".artifacts" / stack / "image").glob("bake-*.log"))
+    assert bake_logs, f"no bake log under .artifacts/{stack}/image"
     assert "Ensure TensorFlow is installed in the virtual environment." in bake_logs[0].read_text()
     assert any(wheelhouse.glob("*/*.whl")), "the wheelhouse was not filled"
 
@@ -113,7 +124,11 @@ def test_make_up_once_trains_and_make_destroy_leaves_nothing(clone, engine):
     )
     assert outputs.returncode == 0, outputs.stdout + outputs.stderr
     proc = subprocess.run(
-        ["bash", "-c", 'eval "$(scripts/env.sh)" && pulumi stack output training --json -s dev'],
+        [
+            "bash",
+            "-c",
+            f'eval "$(scripts/env.sh)" && pulumi stack output training --json -s {stack}',
+        ],
         cwd=repo,
         env=env,
         capture_output=True,
@@ -133,4 +148,4 @@ def test_make_up_once_trains_and_make_destroy_leaves_nothing(clone, engine):
 
     code, out = run(["make", "destroy"], repo, env, base / "make-destroy.log", timeout=900)
     assert code == 0, out[-4000:]
-    assert engine_objects(DEV_LABEL) == {"containers": [], "networks": [], "volumes": []}
+    assert engine_objects(stack_label(stack)) == {"containers": [], "networks": [], "volumes": []}

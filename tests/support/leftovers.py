@@ -6,8 +6,9 @@ nothing to destroy them. Their containers restart with the engine and hold the n
 which the next run's newcomer test must remove to bake it afresh.
 
 Only test objects are touched: the test-only labels, and Pulumi stacks whose label is a
-test stack's (`ts<module>-t<6 hex>`, see `tests/support/stacks.Stack`). The README's dev stack
-(`trainstack-dev`) and any stack a user names otherwise are left alone.
+test stack's (`ts<module>-t<6 hex>`, see `tests/support/stacks.Stack`, and the newcomer test's
+`trainstack-newcomer-<6 hex>`). The README's dev stack (`trainstack-dev`) and any stack a user
+names otherwise are left alone.
 
     python -m tests.support.leftovers         # what `.ci/run` does before the tests
 """
@@ -23,7 +24,7 @@ from tests.support.cluster import LABEL as LABEL_CLUSTER
 from tests.support.sshd import LABEL as LABEL_SSHD
 from tests.support.stacks import LABEL_STACK, remove_engine_objects
 
-TEST_STACK = re.compile(r"^ts[a-z]+-t[0-9a-f]{6}$")
+TEST_STACK = re.compile(r"^(ts[a-z]+-t|trainstack-newcomer-)[0-9a-f]{6}$")
 
 
 def is_test_object(labels: dict[str, str] | None) -> bool:

@@ -15,6 +15,7 @@ pytestmark = pytest.mark.unit
         {"org.trainstack.stack": "tsmon-t5ae624"},
         {"org.trainstack.stack": "tsit-t0a1b2c"},
         {"org.trainstack.stack": "tsbjvm-tffffff"},
+        {"org.trainstack.stack": "trainstack-newcomer-0a1b2c"},
         {"trainstack.test": "tstest-123abc"},
         {"org.trainstack.test-sshd": "tsssh"},
     ],
@@ -32,6 +33,8 @@ def test_test_objects_are_recognised(labels):
         {"org.trainstack.stack": "trainstack-t5ae624"},
         {"org.trainstack.stack": "tsmon-prod"},
         {"org.trainstack.stack": "tsmon-t5ae624-extra"},
+        {"org.trainstack.stack": "trainstack-newcomer"},
+        {"org.trainstack.stack": "trainstack-newcomer-0a1b2c3"},
         {"org.trainstack.project": "trainstack"},
     ],
 )
