@@ -21,6 +21,7 @@ from typing import Any
 
 import pulumi
 from pulumi.dynamic import CreateResult, DiffResult, Resource, ResourceProvider, UpdateResult
+from trainstack_training.ranklog import RANK_LOG
 
 from infra.errors import UserFacingError, short_provider_errors, write_details
 from infra.jobs import envs
@@ -65,6 +66,21 @@ def _copy_results(node: Transport, run_dir: str, dest: Path) -> list[str]:
             if name == "curves.png":
                 continue
             raise TrainingError(f"{run_dir}/{name} was not written by the job: {exc}") from exc
+        (dest / name).write_bytes(data)
+        copied.append(str(dest / name))
+    return copied
+
+
+def _copy_rank_logs(node: Transport, run_dir: str, dest: Path, workers: int) -> list[str]:
+    """Each TensorFlow worker's own log (ranklog.py), beside the results or the failure."""
+    dest.mkdir(parents=True, exist_ok=True)
+    copied = []
+    for rank in range(workers):
+        name = RANK_LOG.format(rank=rank)
+        try:
+            data = node.fetch(f"{run_dir}/{name}")
+        except TransportError:  # a rank that never started has none
+            continue
         (dest / name).write_bytes(data)
         copied.append(str(dest / name))
     return copied
@@ -254,15 +270,19 @@ class _TrainingJobProvider(ResourceProvider):
         finished = time.time()
         lines = [line for line in stdout.strip().splitlines() if line.startswith("{")]
         summary = json.loads(lines[-1]) if lines else {}
+        host_dir = Path(props["host_artifacts_dir"]) / props["run_id"]
+        workers = int(props["settings"]["workers"])
         if code != 0 or not summary.get("ok"):
-            log = Path(props["host_artifacts_dir"]) / props["run_id"] / "job.log"
+            log = host_dir / "job.log"
             write_details(log, stdout)
+            ranks = _copy_rank_logs(node, run_dir, host_dir, workers)
             raise TrainingError(
                 f"training job on {node.name} failed (exit {code}): "
                 f"{summary.get('error') or stdout.strip()[-500:]}; job output: {log}"
+                + (f", each worker's own output: {host_dir}/rank-<N>.log" if ranks else "")
             )
-        host_dir = Path(props["host_artifacts_dir"]) / props["run_id"]
         copied = _copy_results(node, run_dir, host_dir)
+        copied += _copy_rank_logs(node, run_dir, host_dir, workers)
         monitoring = _utilisation(props, node, run_dir, host_dir, started, finished)
         copied += [monitoring["utilisation_plot"]] if monitoring.get("utilisation_plot") else []
         return {

@@ -2,7 +2,7 @@
 
     trainstack [-s STACK] submit DIR [-p name=value ...] [--epochs N] [--json]
     trainstack [-s STACK] status [JOB_ID] [--json]
-    trainstack [-s STACK] logs [-f] JOB_ID
+    trainstack [-s STACK] logs [-f] [--rank N] JOB_ID
     trainstack [-s STACK] cancel JOB_ID
     trainstack [-s STACK] list [--json]
 
@@ -31,6 +31,8 @@ from collections.abc import Sequence
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
+
+from trainstack_training.ranklog import RANK_LOG
 
 from infra.config import PROJECT_DIR
 from infra.jobs import envs
@@ -194,6 +196,7 @@ class Jobs:
             "mode": spec.mode,
             "node": node.name,
             "epochs": int(settings["epochs"]),
+            "workers": int(settings["workers"]),
         }
         command = [
             f"{NODE_VENV}/bin/python", "-m", "trainstack_training.runner", run_dir,
@@ -237,9 +240,13 @@ class Jobs:
             raise CliError(str(exc), EXIT_UNREACHABLE) from None
 
     # -- logs and cancel ----------------------------------------------------------------
-    def output_from(self, job_id: str, offset: int, node: Transport) -> bytes:
+    def output_from(
+        self, job_id: str, offset: int, node: Transport, rank: int | None = None
+    ) -> bytes:
+        """The job's output from `offset` on: the runner's, or one TensorFlow rank's own."""
+        name = "output.log" if rank is None else RANK_LOG.format(rank=rank)
         code, out = node.run(
-            ["tail", "-c", f"+{offset + 1}", f"{MODELS_DIR}/{job_id}/output.log"], user=JOB_USER
+            ["tail", "-c", f"+{offset + 1}", f"{MODELS_DIR}/{job_id}/{name}"], user=JOB_USER
         )
         return out if code == 0 else b""
 
@@ -339,6 +346,9 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("logs", help="a job's output, one line per finished epoch")
     p.add_argument("job_id")
     p.add_argument("-f", "--follow", action="store_true")
+    p.add_argument(
+        "--rank", type=int, metavar="N", help="one TensorFlow worker's own output (0 = chief)"
+    )
     p = sub.add_parser("cancel", help="stop a job: no process of it is left on any node")
     p.add_argument("job_id")
     p = sub.add_parser("list", help="the stack's jobs, oldest first")
@@ -385,16 +395,30 @@ def run(args: argparse.Namespace) -> int:
         print(f"job {args.job_id}: {record.get('state')}")
         return 0
     if args.command == "logs":
-        return follow_logs(jobs, args.job_id, args.follow)
+        return follow_logs(jobs, args.job_id, args.follow, args.rank)
     raise CliError(f"unknown command {args.command!r}", EXIT_INPUT)
 
 
-def follow_logs(jobs: Jobs, job_id: str, follow: bool) -> int:
+def check_rank(record: dict[str, Any], rank: int | None) -> None:
+    """A rank the job has, or a CliError naming the ones it has."""
+    if rank is None:
+        return
+    workers = int(record.get("workers") or 0)
+    if rank < 0 or (workers and rank >= workers):
+        have = f"ranks 0-{workers - 1}" if workers > 1 else "rank 0"
+        raise CliError(
+            f"--rank {rank}: job {record.get('id')} has {workers} TensorFlow worker(s), {have}",
+            EXIT_INPUT,
+        )
+
+
+def follow_logs(jobs: Jobs, job_id: str, follow: bool, rank: int | None = None) -> int:
     record = jobs.record(job_id)
+    check_rank(record, rank)
     node = jobs.any_node()
     offset = 0
     while True:
-        chunk = jobs.output_from(job_id, offset, node)
+        chunk = jobs.output_from(job_id, offset, node, rank)
         if chunk:
             offset += len(chunk)
             sys.stdout.write(chunk.decode(errors="replace"))

@@ -23,6 +23,9 @@ def test_up_from_nothing_ends_with_a_trained_model(platform):
     assert result["epochs"] == int(CONFIG["trainEpochs"])
     for name in ("model.keras", "metrics.json"):
         assert (Path(result["host_dir"]) / name).stat().st_size > 0
+    for rank in range(result["workers"]):  # each TensorFlow worker's own output, copied back
+        log = (Path(result["host_dir"]) / f"rank-{rank}.log").read_text()
+        assert log.startswith(f"--- rank {rank}, attempt 1, on "), log[:300]
     # Ansible's progress and the job's output showed up in Pulumi's output as they ran.
     assert "] changed" in platform.first.stdout
     assert "launching on" in platform.first.stdout

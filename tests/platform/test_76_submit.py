@@ -147,7 +147,10 @@ def job_with_packages(tmp_path: Path, requirements: str) -> Path:
     )
     model = job / "model.py"
     with model.open("a") as code:
-        code.write("\nimport tabulate  # noqa: E402,F401  (from the job's packages)\n")
+        code.write(
+            "\nimport tabulate  # noqa: E402  (from the job's packages)\n\n"
+            'print(f"tabulate {tabulate.__version__} imported", flush=True)\n'
+        )
     return job
 
 
@@ -163,6 +166,16 @@ def test_a_jobs_packages_are_installed_once_and_imported_on_every_worker(platfor
     record = status(platform, job_id)
     assert record["state"] == "succeeded" and record["env_sha"], record
     site = f"/srv/trainstack/models/envs/{record['env_sha']}/site"
+    # Each TensorFlow worker's own output, from its log on the shared storage.
+    last = record["workers"] - 1
+    for rank in (0, last):
+        ranks = trainstack(platform, "logs", "--rank", str(rank), job_id)
+        assert ranks.returncode == 0, ranks.stderr
+        assert f"--- rank {rank}, attempt 1, on " in ranks.stdout, ranks.stdout[-3000:]
+        assert "tabulate 0.8.10 imported" in ranks.stdout, ranks.stdout[-3000:]
+    beyond = trainstack(platform, "logs", "--rank", str(last + 1), job_id)
+    assert beyond.returncode == 2, beyond.stdout + beyond.stderr
+    assert f"--rank {last + 1}: job {job_id} has {last + 1} TensorFlow worker(s)" in beyond.stderr
     container = platform.container("control-3")
     assert sh(container, f"test -f {site}/tabulate.py")[0] == 0
     assert sh(container, f"test -e {site}/numpy")[0] != 0  # the nodes' own NumPy is used

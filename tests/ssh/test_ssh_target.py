@@ -150,6 +150,9 @@ def test_up_from_nothing_ends_with_a_trained_model(settled):
     assert result["submitted_on"] in ("wrk-1", "wrk-2")
     for name in ("model.keras", "metrics.json"):
         assert (Path(result["host_dir"]) / name).stat().st_size > 0
+    for rank in range(result["workers"]):  # each TensorFlow worker's own output, copied back
+        log = (Path(result["host_dir"]) / f"rank-{rank}.log").read_text()
+        assert log.startswith(f"--- rank {rank}, attempt 1, on "), log[:300]
     assert "] changed" in first
     assert "launching on" in first
 

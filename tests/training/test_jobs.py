@@ -44,6 +44,7 @@ def test_params_reach_the_code_and_datasets_transform_the_shard(tmp_path):
                 "def build_model(ctx):\n"
                 "    tf = ctx.tf\n"
                 "    assert ctx.params == {'units': 7}, ctx.params\n"
+                "    print(f'rank {ctx.rank} builds {ctx.params[\"units\"]} units')\n"
                 "    m = tf.keras.Sequential([tf.keras.layers.Input((ctx.n_features,)),\n"
                 "        tf.keras.layers.Dense(ctx.params['units'], activation='relu'),\n"
                 "        tf.keras.layers.Dense(ctx.n_classes)])\n"
@@ -59,6 +60,9 @@ def test_params_reach_the_code_and_datasets_transform_the_shard(tmp_path):
     )  # fmt: skip
     assert rc == 0, err[-3000:]
     assert s["epochs"] == 2
+    # What the job's code printed is in its rank's own log (`trainstack logs --rank N`).
+    log = (tmp_path / "out" / "rank-0.log").read_text()
+    assert log.startswith("--- rank 0, attempt 1, on ") and "rank 0 builds 7 units" in log, log
 
 
 def test_an_error_in_the_users_code_names_their_file_and_line_and_is_not_retried(tmp_path):
@@ -102,6 +106,10 @@ def test_a_job_without_progress_fails_with_every_ranks_stacks(tmp_path):
     assert stacks, list((tmp_path / "out").iterdir())
     text = stacks[0].read_text()
     assert "in wait_forever" in text and "m.py" in text, text[:2000]
+    # The stuck rank's own log ends with the same stacks (`trainstack logs --rank N`).
+    rank = stacks[0].name.removeprefix("stacks-rank").removesuffix(".txt")
+    log = (tmp_path / "out" / f"rank-{rank}.log").read_text()
+    assert "trainstack: no progress for 4 s" in log and "in wait_forever" in log, log[-2000:]
     # One hang, not one per retry: the retries fail at once on the recorded error.
     assert time.monotonic() - started < 90
 

@@ -27,6 +27,7 @@ from typing import TYPE_CHECKING, Any
 from trainstack_training.config import TrainConfig
 from trainstack_training.data import DataInfo, prepare
 from trainstack_training.job import ERROR_FILE, recorded_error
+from trainstack_training.ranklog import RankLog
 from trainstack_training.train import EPOCH_LOG, job_spec
 
 if TYPE_CHECKING:
@@ -250,16 +251,17 @@ def barrier_task(cfg_json: str, info_json: str) -> Any:
         tf_config = None
         if cfg.workers > 1:
             tf_config = {"cluster": {"worker": peers}, "task": {"type": "worker", "index": index}}
-        result = run_worker(
-            cfg,
-            info,
-            index,
-            tf_config,
-            cores=ctx.cpus(),
-            attempt=attempt,
-            host=host,
-            started=started,
-        )
+        with RankLog(Path(cfg.output).resolve(), index, attempt, host):
+            result = run_worker(
+                cfg,
+                info,
+                index,
+                tf_config,
+                cores=ctx.cpus(),
+                attempt=attempt,
+                host=host,
+                started=started,
+            )
         yield json.dumps(asdict(result))
 
     return run

@@ -20,6 +20,8 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
+from trainstack_training.ranklog import RankLog
+
 STACKS_FILE = "stacks-rank{rank}.txt"
 
 
@@ -78,4 +80,5 @@ def exit_rank(message: str) -> None:
     main thread is stuck, so nothing else would end it)."""
     print(f"trainstack: {message}", file=sys.stderr, flush=True)
     faulthandler.dump_traceback(file=sys.stderr, all_threads=True)
+    RankLog.close_active()
     os._exit(1)
