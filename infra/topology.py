@@ -268,8 +268,9 @@ def _ssh_host(server: Server) -> dict:
 def _ssh_vars(known_hosts: str | None) -> dict:
     """Connection variables for servers Ansible reaches over ssh: host keys are checked.
 
-    ansible.cfg turns host key checking off for the docker connection; here it is on, and
-    with `known_hosts` (the ssh target's record of what `up` saw) ssh reads only that file.
+    Host key checking is on (ansible.cfg too; set here so that no other config turns it
+    off), and with `known_hosts` (the ssh target's record of what `up` saw) ssh reads only
+    that file.
     """
     # Ansible's default ssh_args without `-C`: the large transfers (the wheel sets, through
     # rsync over this ssh) are compressed wheels, which ssh's compression only slows down:
