@@ -15,6 +15,7 @@ import os
 import shlex
 import sys
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -50,40 +51,34 @@ short_provider_errors()
 TEST_HOLD_FILE_ENV = "TRAINSTACK_TEST_HOLD_FILE"
 # What is copied back to the host; shards and the backup stay on the cluster's volume.
 RESULT_FILES = ("model.keras", "metrics.json", "curves.png")
+REQUIRED_RESULTS = ("model.keras", "metrics.json")  # the plot is optional
 
 
 class TrainingError(UserFacingError):
     """The job failed; the message carries the job's own error."""
 
 
-def _copy_results(node: Transport, run_dir: str, dest: Path) -> list[str]:
+def _copy_files(
+    node: Transport, run_dir: str, dest: Path, names: Sequence[str], required: Sequence[str] = ()
+) -> list[str]:
+    """Copy `names` from the run directory into `dest`; a missing one of `required` fails."""
     dest.mkdir(parents=True, exist_ok=True)
     copied = []
-    for name in RESULT_FILES:
+    for name in names:
         try:
             data = node.fetch(f"{run_dir}/{name}")
-        except TransportError as exc:  # the plot is optional; a missing model is not
-            if name == "curves.png":
-                continue
-            raise TrainingError(f"{run_dir}/{name} was not written by the job: {exc}") from exc
-        (dest / name).write_bytes(data)
-        copied.append(str(dest / name))
-    return copied
-
-
-def _copy_rank_logs(node: Transport, run_dir: str, dest: Path, workers: int) -> list[str]:
-    """Each TensorFlow worker's own log (ranklog.py), beside the results or the failure."""
-    dest.mkdir(parents=True, exist_ok=True)
-    copied = []
-    for rank in range(workers):
-        name = RANK_LOG.format(rank=rank)
-        try:
-            data = node.fetch(f"{run_dir}/{name}")
-        except TransportError:  # a rank that never started has none
+        except TransportError as exc:
+            if name in required:
+                raise TrainingError(f"{run_dir}/{name} was not written by the job: {exc}") from exc
             continue
         (dest / name).write_bytes(data)
         copied.append(str(dest / name))
     return copied
+
+
+def _rank_logs(workers: int) -> list[str]:
+    """Each TensorFlow worker's own log (ranklog.py); a rank that never started has none."""
+    return [RANK_LOG.format(rank=rank) for rank in range(workers)]
 
 
 def _utilisation(
@@ -275,14 +270,15 @@ class _TrainingJobProvider(ResourceProvider):
         if code != 0 or not summary.get("ok"):
             log = host_dir / "job.log"
             write_details(log, stdout)
-            ranks = _copy_rank_logs(node, run_dir, host_dir, workers)
+            ranks = _copy_files(node, run_dir, host_dir, _rank_logs(workers))
             raise TrainingError(
                 f"training job on {node.name} failed (exit {code}): "
                 f"{summary.get('error') or stdout.strip()[-500:]}; job output: {log}"
                 + (f", each worker's own output: {host_dir}/rank-<N>.log" if ranks else "")
             )
-        copied = _copy_results(node, run_dir, host_dir)
-        copied += _copy_rank_logs(node, run_dir, host_dir, workers)
+        copied = _copy_files(
+            node, run_dir, host_dir, [*RESULT_FILES, *_rank_logs(workers)], REQUIRED_RESULTS
+        )
         monitoring = _utilisation(props, node, run_dir, host_dir, started, finished)
         copied += [monitoring["utilisation_plot"]] if monitoring.get("utilisation_plot") else []
         return {

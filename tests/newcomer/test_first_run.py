@@ -29,16 +29,6 @@ from tests.support.stacks import ROOT, engine_objects
 pytestmark = pytest.mark.newcomer
 
 REAL_HOME = Path(os.environ.get("HOME", "/root"))
-NEWCOMER_STACK = "newcomer-{hex6}"  # the stack's name; the README's default is "dev"
-
-
-def newcomer_stack() -> str:
-    return NEWCOMER_STACK.format(hex6=uuid.uuid4().hex[:6])
-
-
-def stack_label(stack: str) -> str:
-    """The label on what `make up` creates: namePrefix "trainstack" (the default), the stack."""
-    return f"trainstack-{stack}"
 
 
 def newcomer_env(home: Path) -> dict[str, str]:
@@ -74,7 +64,7 @@ def run(args: list[str], cwd: Path, env: dict[str, str], log: Path, timeout: int
 
 @pytest.fixture(scope="module")
 def clone(tmp_path_factory, engine):
-    stack = newcomer_stack()
+    stack = f"newcomer-{uuid.uuid4().hex[:6]}"  # the README's default is "dev"
     # A new machine has no node image either: remove this tree's tag (no container of the
     # tests uses it between modules), so `make up` bakes it as a newcomer's would.
     from infra.images.bake import current_digest, image_tag
@@ -148,4 +138,6 @@ def test_make_up_once_trains_and_make_destroy_leaves_nothing(clone, engine):
 
     code, out = run(["make", "destroy"], repo, env, base / "make-destroy.log", timeout=900)
     assert code == 0, out[-4000:]
-    assert engine_objects(stack_label(stack)) == {"containers": [], "networks": [], "volumes": []}
+    # namePrefix "trainstack" (the default), then the stack: the label on what `make up` made.
+    left = engine_objects(f"trainstack-{stack}")
+    assert left == {"containers": [], "networks": [], "volumes": []}

@@ -390,7 +390,11 @@ def test_submitter_says_docker_start_for_containers():
 
 
 def test_results_come_back_through_the_transport(tmp_path):
-    from infra.components.training import TrainingError, _copy_results
+    from infra.components.training import REQUIRED_RESULTS, RESULT_FILES, TrainingError
+    from infra.components.training import _copy_files as copy
+
+    def _copy_results(node, run, dest):
+        return copy(node, run, dest, RESULT_FILES, REQUIRED_RESULTS)
 
     run = "/srv/trainstack/models/run-1"
     node = FakeNode("n", files={f"{run}/model.keras": b"M", f"{run}/metrics.json": b"{}"})

@@ -45,6 +45,9 @@ class RankLog:
             saved = {fd: os.dup(fd) for fd in (1, 2)}
         except OSError as exc:  # no log is no reason to fail the rank: say so where it writes
             print(f"trainstack: no rank log at {self.path}: {exc}", file=sys.stderr, flush=True)
+            if self._file is not None:
+                self._file.close()
+                self._file = None
             return self
         read_end, write_end = os.pipe()
         self._saved = saved
