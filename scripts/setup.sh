@@ -396,12 +396,15 @@ step_python_env() {
     return
   fi
   [ -x "$VENV/bin/python" ] || log_cmd python3 -m venv "$VENV"
-  log_cmd "$VENV/bin/pip" install -q --upgrade pip
-  log_cmd "$VENV/bin/pip" install -q -c constraints.txt -e ".[dev]"
+  # pip stays in the venv (the wheelhouse for the nodes is built with it); the packages go in
+  # with uv, which installs the same pinned set from its cache in a third of pip's time.
+  log_cmd "$VENV/bin/pip" install -q --upgrade pip "uv==$UV_VERSION"
+  local uv=("$VENV/bin/uv" pip install -q --python "$VENV/bin/python")
+  log_cmd "${uv[@]}" -c constraints.txt -e ".[dev]"
   if [ -f training/pyproject.toml ]; then
-    log_cmd "$VENV/bin/pip" install -q -c constraints.txt -e training/
+    log_cmd "${uv[@]}" -c constraints.txt -e training/
     # tf-keras' metadata drags in the full `tensorflow` over `tensorflow-cpu`.
-    log_cmd "$VENV/bin/pip" install -q --no-deps "tf-keras==$(grep -iE '^tf[-_]keras==' constraints.txt | cut -d= -f3)"
+    log_cmd "${uv[@]}" --no-deps "tf-keras==$(grep -iE '^tf[-_]keras==' constraints.txt | cut -d= -f3)"
   fi
   echo "$stamp" >"$VENV/.trainstack-stamp"
   echo "virtual environment $VENV ready ($("$VENV/bin/python" --version))"

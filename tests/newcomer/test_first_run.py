@@ -47,6 +47,7 @@ def newcomer_env(home: Path) -> dict[str, str]:
         "HOME": str(home),
         "PATH": ":".join(path),
         "PIP_CACHE_DIR": os.environ.get("PIP_CACHE_DIR", str(cache / "pip")),
+        "UV_CACHE_DIR": os.environ.get("UV_CACHE_DIR", str(cache / "uv")),
         "GOCACHE": os.environ.get("GOCACHE", str(cache / "go-build")),
         "GOMODCACHE": os.environ.get("GOMODCACHE", str(REAL_HOME / "go" / "pkg" / "mod")),
         "TRAINSTACK_CACHE": str(cache / "trainstack"),
