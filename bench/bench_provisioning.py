@@ -2,7 +2,8 @@
 
     .venv/bin/python bench/bench_provisioning.py [--strict-cold] [--no-pip-cache]
 
-Measures on the default topology (3 control + 2 worker containers from the base image):
+Measures on the default topology without monitoring (3 control + 2 worker containers from the
+base image, a Docker-API test cluster with the program's inventory, infra.topology):
   wheelhouse_build_uncached_s  building the node wheelhouse into an empty directory
                                (pip's own download cache is used unless --no-pip-cache)
   wheelhouse_build_cached_s    the same call again (cache hit, keyed by the pinned versions)
@@ -31,6 +32,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
+from infra.config import StackConfig  # noqa: E402
 from infra.provisioning import run_playbook  # noqa: E402
 from infra.provisioning.wheelhouse import build_node_wheelhouse  # noqa: E402
 from tests.support import cluster as cl  # noqa: E402
@@ -41,13 +43,23 @@ def log(msg: str) -> None:
     print(f"[bench] {msg}", file=sys.stderr, flush=True)
 
 
-def provision(name: str, wheelhouse: Path, workdir: Path) -> tuple[cl.Cluster, float, dict]:
-    cluster = cl.create(name)
-    inventory = cluster.inventory(wheelhouse)
-    result = run_playbook(inventory, "site.yml", on_event=None, artifacts_dir=workdir / name)
+# Without the monitoring roles, as the cluster this bench used before: its numbers stay
+# comparable with earlier runs.
+CONFIG = StackConfig(monitoring=False)
+
+
+def provision(name: str, wheelhouse: Path, workdir: Path) -> tuple[cl.Cluster, float]:
+    cluster = cl.create(name, CONFIG)
+    result = run_playbook(
+        cluster.inventory(),
+        "site.yml",
+        extravars=cluster.extravars(wheelhouse),
+        on_event=None,
+        artifacts_dir=workdir / name,
+    )
     if not result.ok:
         raise SystemExit(f"cold provisioning failed:\n{result.summary()}")
-    return cluster, result.duration_s, inventory
+    return cluster, result.duration_s
 
 
 def main() -> int:
@@ -85,18 +97,25 @@ def main() -> int:
 
         name = f"tsbench-{uuid.uuid4().hex[:6]}"
         names.append(name)
-        cluster, cold, inventory = provision(name, fresh, work)
+        cluster, cold = provision(name, fresh, work)
         out["cold_provision_s"] = round(cold, 1)
         log(f"cold provisioning: {cold:.0f}s")
 
-        rerun = run_playbook(inventory, "site.yml", on_event=None, artifacts_dir=work / name)
+        rerun = run_playbook(
+            cluster.inventory(),
+            "site.yml",
+            extravars=cluster.extravars(fresh),
+            on_event=None,
+            artifacts_dir=work / name,
+        )
         if not rerun.ok or any(rerun.changed().values()):
             raise SystemExit(f"no-change re-run was not clean:\n{rerun.summary()}")
         out["noop_rerun_s"] = round(rerun.duration_s, 1)
         log(f"no-change re-run: {rerun.duration_s:.0f}s")
 
-        workers = len([n for n in cluster.nodes if "spark_worker" in n.groups])
-        old, new, seconds = measure_failover(cluster, workers)
+        workers = len([n for n in cluster.plan if "spark_worker" in n.roles])
+        masters = {n.key: cluster.containers[n.key] for n in cluster.plan if n.is_master}
+        old, new, seconds = measure_failover(masters, workers)
         out["failover_s"] = round(seconds, 1)
         out["failover"] = f"{old} -> {new}"
         log(f"failover {old} -> {new}: {seconds:.1f}s")

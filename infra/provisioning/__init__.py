@@ -1,6 +1,5 @@
 """Provisioning of trainstack nodes with Ansible (roles/, playbooks/) through ansible-runner."""
 
-from .inventory import Node, build_inventory, default_topology, generate_secret
 from .runner import (
     Failure,
     ProvisioningError,
@@ -13,16 +12,12 @@ from .wheelhouse import build_node_wheelhouse, build_training_wheel, build_wheel
 
 __all__ = [
     "Failure",
-    "Node",
     "ProvisionResult",
     "ProvisioningError",
     "TaskEvent",
-    "build_inventory",
     "build_node_wheelhouse",
     "build_training_wheel",
     "build_wheelhouse",
-    "default_topology",
-    "generate_secret",
     "print_event",
     "run_playbook",
 ]

@@ -8,7 +8,9 @@ second run changes nothing. A second tag in a test repository (``tsit-node``, re
 end) lets `clean` be tried without touching the real repository's other tags.
 
 Its own cluster, not the suite's shared stack (tests/platform): it forces the install parts on
-the cluster's first run, which a stack never does.
+the cluster's first run, which a stack never does, and its containers come from the test
+repository's image rather than the one a stack would bake or pick. The nodes and the inventory
+are still the program's (infra.topology, through tests/support/cluster.py).
 """
 
 from __future__ import annotations
@@ -24,8 +26,8 @@ import docker
 import pytest
 import yaml
 
+from infra.config import StackConfig
 from infra.provisioning import run_playbook
-from infra.provisioning.inventory import Node
 from infra.provisioning.wheelhouse import WheelhouseError, build_node_wheelhouse
 from tests.support import cluster as cl
 
@@ -99,21 +101,8 @@ class Events:
 @pytest.fixture(scope="module")
 def cluster(baked, tmp_path_factory):
     name = f"tsimg-{uuid.uuid4().hex[:6]}"
-    nodes = [
-        Node(
-            "control-1",
-            ["control", "zookeeper", "spark_master"],
-            f"{name}-control-1",
-            zookeeper_id=1,
-        ),
-        Node(
-            "worker-1",
-            ["workers", "spark_worker", "tensorflow"],
-            f"{name}-worker-1",
-            worker_cores=1,
-            worker_memory="1g",
-        ),
-    ]
+    # One control node (ZooKeeper, the Spark master) and one worker, as the program plans them.
+    config = StackConfig(control_nodes=1, masters=1, workers=1, monitoring=False)
     # bake() fills the wheelhouse only when it bakes; with the image already there (the
     # newcomer's), the wheelhouse here may hold another tree's training wheel. Provisioning
     # needs this tree's, as the program's wheelhouse step gives it before every run.
@@ -121,10 +110,10 @@ def cluster(baked, tmp_path_factory):
         build_node_wheelhouse(WHEELHOUSE)
     except WheelhouseError as exc:
         pytest.fail(f"cannot build the wheelhouse at {WHEELHOUSE}: {exc}")
-    c = cl.create(name, nodes, image=baked[0].tag, command=None, init=False)
+    c = cl.create(name, config, image=baked[0].tag, command=None, init=False)
     workdir = tmp_path_factory.mktemp("image-cluster")
-    # As the program's inventory does for nodes from the image: name it.
-    inventory = c.inventory(WHEELHOUSE, trainstack_node_image=baked[0].tag)
+    # The program's inventory for nodes from the image: it names the image.
+    inventory = c.inventory(node_image=baked[0].tag)
     runs = []
 
     def run(extravars=None):
@@ -134,7 +123,7 @@ def cluster(baked, tmp_path_factory):
             "site.yml",
             on_event=events,
             artifacts_dir=workdir / "runner",
-            extravars=extravars,
+            extravars={**c.extravars(WHEELHOUSE), **(extravars or {})},
         )
         print(result.summary(), file=sys.stderr)
         runs.append((result, events.items))

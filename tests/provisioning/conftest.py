@@ -1,25 +1,37 @@
 """Fixtures for provisioning tests against real containers (``-m provisioning``).
 
-One cluster of the default topology (3 control + 2 worker containers from the base image) is
-created per session through the Docker API, provisioned once with playbooks/site.yml, shared by
-all tests, and removed at the end (everything labelled ``trainstack.test=<name>``).
+One stack of the real program per session (``tests/support/stacks.Stack``, prefix ``tsprov``):
+the default topology (3 control nodes, 2 masters, 2 workers) with monitoring on, as users run
+it, with ``bakeImage=false`` (the nodes start from the bare base image and provisioning installs
+everything, as on SSH servers) and ``train=false``. Its one ``pulumi up`` is the cold full
+install, through the program's inventory (``infra.topology``) and its provisioning resource.
+The re-runs and the fault cases then call ``run_playbook`` directly with the inventory the stack
+exported and the secret the program used, as ``python -m infra.provisioning`` does for the
+program, so that they neither rotate nor break it.
 
-Its own cluster, not the suite's shared stack (tests/platform): it tests the full install from
+Its own stack, not the suite's shared stack (tests/platform): it tests the full install from
 the bare base image (the shared stack's nodes come from the baked image, where every install
-task is `ok`), and the fault tests feed Ansible bad input directly.
+task is `ok` and the install parts do not even run), and the fault tests feed Ansible bad input
+directly, which needs those install parts.
 
 Environment:
-  TRAINSTACK_WHEELHOUSE   wheelhouse root on this machine (default ~/.cache/trainstack/wheelhouse)
-  TRAINSTACK_KEEP_CLUSTER=1  keep the containers after the session (debugging)
+  TRAINSTACK_WHEELHOUSE      the stack's trainstack:wheelhouse (default
+                             ~/.cache/trainstack/wheelhouse)
+  TRAINSTACK_BASE_IMAGE      the stack's trainstack:baseImage (default debian:bookworm)
+  TRAINSTACK_KEEP_CLUSTER=1  keep the stack after the session (debugging; its state is in the
+                             session's pytest temp directory, `make clean-test-stacks` removes it)
 """
 
 from __future__ import annotations
 
 import json
 import os
+import re
+import shutil
 import sys
-import uuid
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -27,12 +39,28 @@ REPO = Path(__file__).resolve().parents[2]
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
-from infra.provisioning import run_playbook  # noqa: E402
-from infra.provisioning.inventory import split_secrets  # noqa: E402
-from infra.provisioning.wheelhouse import build_node_wheelhouse  # noqa: E402
-from tests.support import cluster as cl  # noqa: E402
+from infra.components.provisioning import integral  # noqa: E402
+from infra.engine import cpu_boost  # noqa: E402
+from infra.provisioning import TaskEvent, run_playbook  # noqa: E402
+from tests.support.cluster import BASE_IMAGE, CACHE  # noqa: E402
+from tests.support.stacks import Stack  # noqa: E402
 
-WHEELHOUSE = Path(os.environ.get("TRAINSTACK_WHEELHOUSE", cl.CACHE / "wheelhouse"))
+WHEELHOUSE = Path(os.environ.get("TRAINSTACK_WHEELHOUSE", CACHE / "wheelhouse"))
+CONFIG = {
+    "bakeImage": "false",
+    "train": "false",
+    "baseImage": BASE_IMAGE,
+    "wheelhouse": str(WHEELHOUSE),
+    # Engine-picked host ports: no clash with a dev stack or the shared stack.
+    "uiPortBase": "0",
+    "monitoringPort": "0",
+}
+# A progress line of the provisioning child (TaskEvent.__str__), as Pulumi streams it.
+EVENT_LINE = re.compile(
+    r"\[(?P<host>[A-Za-z0-9_.-]+)\] (?P<status>ok|changed|failed|unreachable|skipped) +"
+    r"(?P<task>\S.*?)(?: :: .*)?(?: \(ignored\))?\s*$",
+    re.M,
+)
 
 
 def pytest_configure(config):
@@ -42,53 +70,128 @@ def pytest_configure(config):
     config.addinivalue_line("markers", "unit: fast checks without containers")
 
 
+def streamed_events(output: str) -> list[TaskEvent]:
+    """The per-host, per-task progress lines in a `pulumi up`'s output, each once, in order
+    (Pulumi may show a line in the update's stream and again under its diagnostics)."""
+    seen: dict[tuple[str, str, str], TaskEvent] = {}
+    for m in EVENT_LINE.finditer(output):
+        key = (m["host"], m["status"], m["task"].strip())
+        seen.setdefault(key, TaskEvent(host=key[0], task=key[2], status=key[1]))
+    return list(seen.values())
+
+
+def spark_auth_secret(stack: Stack) -> str:
+    """The cluster's Spark auth secret, as the program gave it to provisioning: the value of
+    its `spark-auth-secret` resource (infra/components/secret.py) in the stack's state."""
+    state = json.loads(stack.run("stack", "export", "--show-secrets").stdout)
+    for resource in state["deployment"].get("resources", []):
+        if resource["urn"].endswith("::spark-auth-secret"):
+            value = (resource.get("outputs") or {}).get("value")
+            if isinstance(value, dict) and "plaintext" in value:  # a decrypted secret
+                value = json.loads(value["plaintext"])
+            if isinstance(value, str) and value:
+                return value
+            raise AssertionError(f"spark-auth-secret has no readable value: {value!r}")
+    raise AssertionError("no spark-auth-secret resource in the stack's state")
+
+
+@dataclass
+class FirstRun:
+    """The stack's first provisioning run, as the program reports it: the `provisioning`
+    output (per-host stats, duration), the `pulumi up` that ran it (its streamed progress)
+    and the runner's artifacts the program keeps (.artifacts/<stack>/ansible)."""
+
+    up_output: str
+    stats: dict[str, dict[str, int]]
+    duration_s: float
+    artifacts_dir: Path
+    events: list[TaskEvent] = field(default_factory=list)
+
+    @property
+    def ok(self) -> bool:
+        """`pulumi up` succeeded (it fails when provisioning fails) and no host failed."""
+        return bool(self.stats) and all(
+            s.get("failures", 0) == 0 and s.get("unreachable", 0) == 0 for s in self.stats.values()
+        )
+
+    def changed(self) -> dict[str, int]:
+        return {host: s.get("changed", 0) for host, s in self.stats.items()}
+
+    def summary(self) -> str:
+        return f"first provisioning in {self.duration_s:.0f}s: " + json.dumps(self.stats)
+
+
 class Provisioned:
-    def __init__(self, cluster: cl.Cluster, workdir: Path):
-        self.cluster = cluster
+    """The stack and what the tests use of it.
+
+    ``inventory``: the stack's `inventory` output (no secret in it); ``extravars``: what
+    ``python -m infra.provisioning`` adds to it for the program (the wheelhouse, the Spark auth
+    secret); ``nodes``: the `nodes` output; ``containers``: node name -> container name.
+    """
+
+    def __init__(self, stack: Stack, workdir: Path, up_output: str):
+        self.stack = stack
         self.workdir = workdir
-        self.inventory = cluster.inventory(WHEELHOUSE)
-        self.first = None
-        self.events: list = []
+        self.outputs: dict[str, Any] = stack.outputs()
+        self.name = stack.label  # engine-side names start with it
+        self.nodes: list[dict[str, Any]] = self.outputs["nodes"]
+        self.hosts = [n["name"] for n in self.nodes]
+        self.containers = {n["name"]: n["container"] for n in self.nodes}
+        # Numbers come back from the engine as floats (as the provisioning resource knows).
+        self.inventory: dict[str, Any] = integral(self.outputs["inventory"])
+        self.secret = spark_auth_secret(stack)
+        self.extravars = {
+            "trainstack_wheelhouse_dir": str(WHEELHOUSE),
+            "trainstack_spark_auth_secret": self.secret,
+        }
+        provisioning = integral(self.outputs["provisioning"])
+        self.first = FirstRun(
+            up_output=up_output,
+            stats=provisioning["hosts"],
+            duration_s=float(provisioning["duration_s"]),
+            artifacts_dir=REPO / ".artifacts" / stack.name / "ansible",
+            events=streamed_events(up_output),
+        )
+        self.events = self.first.events
+
+    def with_roles(self, role: str) -> list[str]:
+        return [n["name"] for n in self.nodes if role in n["roles"]]
 
     def run(self, playbook: str = "site.yml", inventory: dict | None = None, **kwargs):
+        """site.yml (or `playbook`) against the stack's nodes, as the program runs it: the
+        same inventory, secret and wheelhouse, Mitogen on, the nodes' CPU limits lifted."""
         kwargs.setdefault("artifacts_dir", self.workdir / "runner")
-        kwargs.setdefault("on_event", self._event)
-        result = run_playbook(inventory or self.inventory, playbook, **kwargs)
+        kwargs.setdefault("on_event", _print_event)
+        kwargs["extravars"] = {**self.extravars, **(kwargs.get("extravars") or {})}
+        # The stack's containers only: a test's inventory may name one that does not exist.
+        with cpu_boost(sorted(self.containers.values())):
+            result = run_playbook(inventory or self.inventory, playbook, **kwargs)
         print(result.summary(), file=sys.stderr)
         return result
 
-    def _event(self, event) -> None:
-        self.events.append(event)
-        if event.status != "skipped":
-            print(event, file=sys.stderr, flush=True)
 
-    def inventory_file(self) -> Path:
-        """The inventory without secrets, for testinfra (--ansible-inventory)."""
-        path = self.workdir / "inventory.json"
-        inv, _ = split_secrets(self.inventory)
-        path.write_text(json.dumps(inv))
-        return path
+def _print_event(event: TaskEvent) -> None:
+    if event.status != "skipped":
+        print(event, file=sys.stderr, flush=True)
 
 
 @pytest.fixture(scope="session")
-def wheelhouse() -> Path:
+def provisioned(tmp_path_factory, engine):
+    workdir = tmp_path_factory.mktemp("provisioning")
+    stack = Stack(workdir / "state", prefix="tsprov")
+    keep = os.environ.get("TRAINSTACK_KEEP_CLUSTER") == "1"
     try:
-        return build_node_wheelhouse(WHEELHOUSE)
-    except Exception as exc:
-        pytest.fail(f"cannot build the wheelhouse at {WHEELHOUSE}: {exc}")
-
-
-@pytest.fixture(scope="session")
-def provisioned(wheelhouse, tmp_path_factory) -> Provisioned:
-    name = f"tstest-{uuid.uuid4().hex[:6]}"
-    try:
-        cluster = cl.create(name)
-    except RuntimeError as exc:
-        pytest.fail(str(exc))
-    prov = Provisioned(cluster, tmp_path_factory.mktemp("provisioning"))
-    try:
-        prov.first = prov.run()
-        yield prov
+        stack.init(**CONFIG)
+        # The cold full install: every node downloads its Debian packages (no baked image).
+        up = stack.run("up", "--yes", "--skip-preview", timeout=3600)
+        print(up.stdout[-3000:], file=sys.stderr)
+        yield Provisioned(stack, workdir, up.stdout + up.stderr)
     finally:
-        if os.environ.get("TRAINSTACK_KEEP_CLUSTER") != "1":
-            cl.destroy(name)
+        if keep:
+            print(
+                f"kept stack {stack.name} ({stack.label}-*), state in {stack.backend}",
+                file=sys.stderr,
+            )
+        else:
+            stack.destroy_and_remove()
+            shutil.rmtree(REPO / ".artifacts" / stack.name, ignore_errors=True)

@@ -18,11 +18,12 @@ def _only_failures_on(result, host):
 
 def test_unreachable_node_is_named(provisioned):
     inventory = copy.deepcopy(provisioned.inventory)
-    inventory["all"]["hosts"]["ghost"] = {
+    # A worker whose container does not exist, in the program's inventory (host variables
+    # under the node's group, as infra.topology writes them).
+    inventory["all"]["children"]["workers"]["hosts"]["ghost"] = {
         "ansible_connection": "community.docker.docker",
-        "ansible_host": f"{provisioned.cluster.name}-no-such-container",
+        "ansible_host": f"{provisioned.name}-no-such-container",
     }
-    inventory["all"]["children"]["workers"]["hosts"]["ghost"] = {}
     result = provisioned.run(inventory=inventory, limit="ghost")
     failure = _only_failures_on(result, "ghost")
     assert failure.task == (
@@ -63,7 +64,7 @@ def _worker_pid(provisioned, host):
 
     import docker
 
-    container = docker.from_env().containers.get(provisioned.cluster.containers[host])
+    container = docker.from_env().containers.get(provisioned.containers[host])
     out = container.exec_run(["supervisorctl", "status", "spark-worker"]).output.decode()
     m = re.search(r"RUNNING\s+pid (\d+)", out)
     return int(m.group(1)) if m else None

@@ -23,7 +23,7 @@ def _pid(container, program: str) -> int | None:
 @pytest.mark.parametrize(("host", "program"), DAEMONS)
 def test_killed_daemon_is_restarted(provisioned, host, program):
     assert provisioned.first.ok
-    container = docker.from_env().containers.get(provisioned.cluster.containers[host])
+    container = docker.from_env().containers.get(provisioned.containers[host])
     # Settled first: killing a ZooKeeper member (the test before) can make a master lose its
     # session and exit, and supervisord is then still restarting it.
     before = wait_for(lambda: _pid(container, program), timeout=90, what=f"{program} running")

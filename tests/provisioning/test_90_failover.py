@@ -1,5 +1,5 @@
 """High availability: stop the ALIVE master's container; a standby takes over and every worker
-re-registers with it. Runs last: it leaves the cluster with one master."""
+re-registers with it. Runs last: it leaves the stack with one master."""
 
 from __future__ import annotations
 
@@ -14,8 +14,9 @@ pytestmark = pytest.mark.provisioning
 
 def test_standby_takes_over_and_workers_reregister(provisioned):
     assert provisioned.first.ok
-    workers = [n for n in provisioned.cluster.nodes if "spark_worker" in n.groups]
-    old, new, seconds = measure_failover(provisioned.cluster, len(workers))
+    masters = {m: provisioned.containers[m] for m in provisioned.with_roles("spark_master")}
+    workers = provisioned.with_roles("spark_worker")
+    old, new, seconds = measure_failover(masters, len(workers))
     print(f"FAILOVER {old} -> {new} in {seconds:.1f}s", file=sys.stderr)
     assert new != old
     assert seconds < 30, f"failover took {seconds:.1f}s"

@@ -1,4 +1,5 @@
-"""Fast checks without containers: syntax, lint, role variable docs, pins, inventory, events."""
+"""Fast checks without containers: syntax, lint, role variable docs, pins, the program's
+inventory, events."""
 
 from __future__ import annotations
 
@@ -13,6 +14,8 @@ from pathlib import Path
 import pytest
 import yaml
 
+from infra import topology
+from infra.config import StackConfig
 from infra.provisioning import inventory as inv
 from infra.provisioning import runner, wheelhouse
 
@@ -155,35 +158,43 @@ def test_wheelhouse_error_names_the_set(tmp_path):
         )
 
 
-def test_default_inventory_contract():
-    nodes = inv.default_topology("t")
-    data = inv.build_inventory(nodes, stack="dev", wheelhouse_dir="/w", spark_auth_secret="s" * 32)
-    assert inv.hosts_in_group(data, "zookeeper") == ["control-1", "control-2", "control-3"]
-    assert inv.hosts_in_group(data, "spark_master") == ["control-1", "control-2"]
-    assert inv.hosts_in_group(data, "spark_worker") == ["worker-1", "worker-2"]
-    assert inv.hosts_in_group(data, "tensorflow") == ["worker-1", "worker-2"]
-    hv = data["all"]["hosts"]["worker-1"]
-    assert hv["ansible_connection"] == "docker"
-    assert hv["ansible_host"] == "t-worker-1"
-    assert hv["trainstack_spark_worker_memory"] == "1g"
-    assert data["all"]["hosts"]["control-2"]["trainstack_zookeeper_id"] == 2
-    assert data["all"]["vars"]["trainstack_stack"] == "dev"
+def test_program_inventory_contract():
+    """The inventory the roles get is the program's (infra.topology, the stack's `inventory`
+    output): every group the playbooks and roles name, with the host variables they read."""
+    config = StackConfig()
+    data = topology.inventory(config, "t", topology.plan(config))
+    groups = data["all"]["children"]
 
+    def hosts(group: str) -> list[str]:
+        return list(groups[group]["hosts"])
 
-def test_inventory_rejects_duplicate_zookeeper_ids():
-    nodes = [
-        inv.Node("a", ["zookeeper"], "a", zookeeper_id=1),
-        inv.Node("b", ["zookeeper"], "b", zookeeper_id=1),
-    ]
-    with pytest.raises(ValueError, match="unique zookeeper_id"):
-        inv.build_inventory(nodes, stack="s", wheelhouse_dir="/w")
+    named = set()
+    for path in [*(REPO / "playbooks").glob("*.yml"), *(REPO / "roles").rglob("*.yml")]:
+        named |= set(re.findall(r"'([a-z_]+)' in group_names", path.read_text()))
+    assert named and named <= set(groups), named - set(groups)
+    assert hosts("zookeeper") == ["control-1", "control-2", "control-3"]
+    assert hosts("spark_master") == ["control-1", "control-2"]
+    assert hosts("spark_worker") == ["worker-1", "worker-2"]
+    assert hosts("tensorflow") == ["worker-1", "worker-2"]
+    assert hosts("monitoring") == ["control-1"]
+    assert data["all"]["vars"]["ansible_connection"] == "docker"
+    worker = groups["workers"]["hosts"]["worker-1"]
+    assert worker["ansible_host"] == "t-worker-1"
+    assert worker["trainstack_node_address"] == "worker-1"
+    assert worker["trainstack_spark_worker_memory"] == "1g"
+    assert groups["control"]["hosts"]["control-2"]["trainstack_zookeeper_id"] == 2
+    assert data["all"]["vars"]["trainstack_stack"] == "t"
+    # No secret in it: the program passes the Spark auth secret apart (SECRET_ENV).
+    assert inv.split_secrets(data) == (data, {})
 
 
 def test_split_secrets_removes_secret_everywhere():
-    data = inv.build_inventory(
-        inv.default_topology("t"), stack="s", wheelhouse_dir="/w", spark_auth_secret="topsecret"
+    config = StackConfig()
+    data = topology.inventory(config, "t", topology.plan(config))
+    data["all"]["vars"]["trainstack_spark_auth_secret"] = "topsecret"
+    data["all"]["children"]["control"]["hosts"]["control-1"]["trainstack_spark_auth_secret"] = (
+        "topsecret"
     )
-    data["all"]["hosts"]["control-1"]["trainstack_spark_auth_secret"] = "topsecret"
     clean, found = inv.split_secrets(data)
     assert found == {"trainstack_spark_auth_secret": "topsecret"}
     assert "topsecret" not in repr(clean)

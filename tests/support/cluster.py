@@ -1,15 +1,21 @@
-"""Test cluster of Docker containers (the base image), created through the Docker API.
+"""Test cluster of Docker containers, created through the Docker API, for what a stack cannot
+do: the images test starts containers from a test image with its own CMD, and
+bench/bench_provisioning.py times bare runs of the playbook.
 
-Every object is labelled ``trainstack.test=<name>`` and removed by ``destroy``. Each container
-gets its own apt archive directory (a host bind mount) pre-seeded with hard links from a shared
-pool, and new .deb files are linked back into the pool afterwards: the nodes download Java and
-friends from Debian's mirror once per machine, without two apt processes sharing one lock.
+The nodes are the program's plan (``infra.topology.plan``) and the inventory is the program's
+(``infra.topology.inventory``): containers are named ``<name>-<node>`` and reached by their node
+name (a network alias), as on a stack. Every object is labelled ``trainstack.test=<name>`` and
+removed by ``destroy``. Each container gets its own apt archive directory (a host bind mount)
+pre-seeded with hard links from a shared pool, and new .deb files are linked back into the pool
+afterwards: the nodes download Java and friends from Debian's mirror once per machine, without
+two apt processes sharing one lock.
 """
 
 from __future__ import annotations
 
 import contextlib
 import os
+import secrets
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -17,14 +23,15 @@ from pathlib import Path
 import docker
 import docker.errors
 
-from infra.provisioning.inventory import Node, build_inventory, default_topology, generate_secret
+from infra import topology
+from infra.config import StackConfig
 
 BASE_IMAGE = os.environ.get("TRAINSTACK_BASE_IMAGE", "debian:bookworm")
 CACHE = Path(os.environ.get("TRAINSTACK_CACHE", Path.home() / ".cache" / "trainstack"))
 APT_POOL = CACHE / "apt" / "pool"
 LABEL = "trainstack.test"
 # Memory per container: 3 x 1 GiB control + 2 x 2.5 GiB workers = 8 GiB (the topology's budget).
-MEM = {"control": "1g", "worker": "2560m"}
+MEM = {"control": "1g", "workers": "2560m"}
 KEEP_ALIVE = ["sleep", "infinity"]
 
 
@@ -40,19 +47,23 @@ def _link_tree(src: Path, dst: Path) -> None:
 @dataclass
 class Cluster:
     name: str
-    nodes: list[Node]
+    config: StackConfig
+    plan: list[topology.NodeSpec]
     secret: str
     network: str
     containers: dict[str, str] = field(default_factory=dict)  # inventory host -> container name
 
-    def inventory(self, wheelhouse_dir: Path, **all_vars) -> dict:
-        return build_inventory(
-            self.nodes,
-            stack=self.name,
-            wheelhouse_dir=str(wheelhouse_dir),
-            spark_auth_secret=self.secret,
-            all_vars=all_vars,
-        )
+    def inventory(self, node_image: str | None = None) -> dict:
+        """The program's inventory for these containers (no secret in it)."""
+        return topology.inventory(self.config, self.name, self.plan, node_image=node_image)
+
+    def extravars(self, wheelhouse_dir: Path) -> dict:
+        """What `python -m infra.provisioning` adds for the program: the wheelhouse and the
+        Spark auth secret (run_playbook keeps the secret out of the inventory and the command)."""
+        return {
+            "trainstack_wheelhouse_dir": str(wheelhouse_dir),
+            "trainstack_spark_auth_secret": self.secret,
+        }
 
 
 def client() -> docker.DockerClient:
@@ -72,13 +83,13 @@ def client() -> docker.DockerClient:
 
 def create(
     name: str,
-    nodes: list[Node] | None = None,
+    config: StackConfig | None = None,
     *,
     image: str = BASE_IMAGE,
     command: list[str] | None = KEEP_ALIVE,
     init: bool = True,
 ) -> Cluster:
-    """Containers for ``nodes`` (default topology) from ``image``.
+    """Containers for the nodes ``config`` plans (default: the default topology) from ``image``.
 
     The default is a bare server: the base image kept alive by ``sleep`` (the supervisor role
     starts supervisord as a service). For the node image pass ``command=None, init=False``:
@@ -86,27 +97,36 @@ def create(
     """
     c = client()
     destroy(name)
-    nodes = nodes or default_topology(name)
+    config = config or StackConfig()
+    plan = topology.plan(config)
     net = c.networks.create(f"{name}-net", driver="bridge", labels={LABEL: name})
-    cluster = Cluster(name=name, nodes=nodes, secret=generate_secret(), network=net.name)
-    for node in nodes:
-        apt_dir = CACHE / "apt" / "nodes" / node.address
+    cluster = Cluster(
+        name=name,
+        config=config,
+        plan=plan,
+        secret=secrets.token_urlsafe(32),
+        network=net.name,
+    )
+    for spec in plan:
+        container = f"{name}-{spec.key}"
+        apt_dir = CACHE / "apt" / "nodes" / container
         _link_tree(APT_POOL, apt_dir)
         (apt_dir / "partial").mkdir(parents=True, exist_ok=True)
-        kind = "control" if "control" in node.groups else "worker"
         c.containers.run(
             image,
             command=command,
-            name=node.address,
-            hostname=node.address,
+            name=container,
+            hostname=spec.key,
             detach=True,
             init=init,
             network=net.name,
+            # Nodes reach each other by node name, as on a stack (topology.inventory).
+            networking_config={net.name: c.api.create_endpoint_config(aliases=[spec.key])},
             labels={LABEL: name},
-            mem_limit=MEM[kind],
+            mem_limit=MEM[spec.group],
             volumes={str(apt_dir): {"bind": "/var/cache/apt/archives", "mode": "rw"}},
         )
-        cluster.containers[node.name] = node.address
+        cluster.containers[spec.key] = container
     return cluster
 
 

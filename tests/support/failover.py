@@ -1,11 +1,13 @@
-"""Spark HA failover on a Docker-API test cluster: stop the ALIVE master's container and time
-the standby's takeover (used by tests/provisioning and bench/bench_provisioning.py)."""
+"""Spark HA failover on containers: stop the ALIVE master's container and time the standby's
+takeover (used by tests/provisioning on a stack's nodes and by bench/bench_provisioning.py on
+a Docker-API test cluster)."""
 
 from __future__ import annotations
 
 import json
 import time
 import urllib.request
+from collections.abc import Mapping
 
 import docker
 
@@ -20,20 +22,30 @@ def master_status(ip: str) -> dict | None:
         return None
 
 
-def measure_failover(cluster, worker_count: int, timeout: float = 120.0) -> tuple[str, str, float]:
+def container_ip(container) -> str:
+    """The container's address on its network (a node is on exactly one)."""
+    networks = container.attrs["NetworkSettings"]["Networks"]
+    addresses = [n["IPAddress"] for n in networks.values() if n.get("IPAddress")]
+    if len(addresses) != 1:
+        raise AssertionError(f"{container.name}: expected one network address, got {networks}")
+    return addresses[0]
+
+
+def measure_failover(
+    masters: Mapping[str, str], worker_count: int, timeout: float = 120.0
+) -> tuple[str, str, float]:
     """Stop the ALIVE master's container; return (old, new, seconds until the new master is
-    ALIVE with every worker ALIVE and registered)."""
+    ALIVE with every worker ALIVE and registered).
+
+    `masters`: node name -> container name, for every Spark master node (a stack's `nodes`
+    output gives both; so does a test cluster's `containers`)."""
     client = docker.from_env()
-    masters = [n.name for n in cluster.nodes if "spark_master" in n.groups]
-    ips = {}
-    for m in masters:
-        c = client.containers.get(cluster.containers[m])
-        ips[m] = c.attrs["NetworkSettings"]["Networks"][cluster.network]["IPAddress"]
+    ips = {m: container_ip(client.containers.get(c)) for m, c in masters.items()}
 
     def settled():
         # Earlier tests kill daemons (a ZooKeeper server a master talks to, a worker): wait
         # until one master is ALIVE with every worker ALIVE before measuring.
-        statuses = {m: master_status(ips[m]) for m in masters}
+        statuses = {m: master_status(ip) for m, ip in ips.items()}
         alive = [m for m, s in statuses.items() if s and s["status"] == "ALIVE"]
         if len(alive) != 1:
             return None
@@ -43,13 +55,13 @@ def measure_failover(cluster, worker_count: int, timeout: float = 120.0) -> tupl
     old = wait_for(settled, timeout=120, interval=1, what="one ALIVE master with every worker")
     start = time.monotonic()
     # Kill the whole node, its ZooKeeper member included.
-    client.containers.get(cluster.containers[old]).kill()
+    client.containers.get(masters[old]).kill()
 
     def new_leader():
-        for m in masters:
+        for m, ip in ips.items():
             if m == old:
                 continue
-            s = master_status(ips[m])
+            s = master_status(ip)
             if s and s["status"] == "ALIVE":
                 live = [w for w in s["workers"] if w["state"] == "ALIVE"]
                 if len(live) == worker_count:
