@@ -1,8 +1,8 @@
 """Fixtures for provisioning tests against real containers (``-m provisioning``).
 
 One stack of the real program per session (``tests/support/stacks.Stack``, prefix ``tsprov``):
-the default topology (3 control nodes, 2 masters, 2 workers) with monitoring on, as users run
-it, with ``bakeImage=false`` (the nodes start from the bare base image and provisioning installs
+the default topology (3 control nodes, 2 masters, 2 workers) without monitoring (its roles are
+checked on the shared stack, tests/platform/test_20_monitoring.py), with ``bakeImage=false`` (the nodes start from the bare base image and provisioning installs
 everything, as on SSH servers) and ``train=false``. Its one ``pulumi up`` is the cold full
 install, through the program's inventory (``infra.topology``) and its provisioning resource.
 The re-runs and the fault cases then call ``run_playbook`` directly with the inventory the stack
@@ -49,6 +49,7 @@ WHEELHOUSE = Path(os.environ.get("TRAINSTACK_WHEELHOUSE", CACHE / "wheelhouse"))
 CONFIG = {
     "bakeImage": "false",
     "train": "false",
+    "monitoring": "false",
     "baseImage": BASE_IMAGE,
     "wheelhouse": str(WHEELHOUSE),
     # Engine-picked host ports: no clash with a dev stack or the shared stack.
