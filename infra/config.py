@@ -327,7 +327,8 @@ class StackConfig:
     train_epochs: int = 10
     train_workers: int = 0
     train_batch_size: int = 32
-    train_data: str = "digits"
+    # "" (not set): the job's manifest names the data set, else the digits (program.job_data).
+    train_data: str = ""
     train_rows: int = 0
     train_strategy: str = "multi-worker"
     retrain: str = ""

@@ -10,18 +10,22 @@ import hashlib
 import json
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any, cast
+from typing import TYPE_CHECKING, Any, cast
 
 import pulumi
+from trainstack_training.config import DIGITS
 
 from infra import config as stack_config
 from infra.components.provisioning import Provisioning, ProvisioningArgs, tree_digest
-from infra.components.training import Training, TrainingArgs
+from infra.components.training import JOBS_DIR, Training, TrainingArgs
 from infra.jobs import JobDirError, envs, pack
-from infra.jobs.envs import Env, EnvError
+from infra.jobs.envs import EnvError
 from infra.targets import docker as docker_target
 from infra.targets import ssh as ssh_target
 from infra.targets.base import ClusterOutputs, TargetArgs
+
+if TYPE_CHECKING:
+    from trainstack_training.job import JobSpec
 
 ROOT = stack_config.PROJECT_DIR
 # The driver runs beside an executor on the submitting worker: keep its heap small.
@@ -39,16 +43,19 @@ DRIVER_CONF = ",".join(
 )
 
 
-def training_settings(config: stack_config.StackConfig, job_sha: str = "") -> dict[str, Any]:
+def training_settings(
+    config: stack_config.StackConfig, job_sha: str = "", data: str = ""
+) -> dict[str, Any]:
     """The training job's launch settings (what `trainstack-train` gets); `job_sha`: the
-    packed job directory's content digest (infra.jobs.pack)."""
+    packed job directory's content digest (infra.jobs.pack); `data`: the job's data set
+    (job_data), else the stack's."""
     return {
         "job_sha": job_sha,
         "job_params": json.dumps(config.job_params_dict, sort_keys=True),
         "workers": config.training_workers,
         "epochs": config.train_epochs,
         "batch_size": config.train_batch_size,
-        "data": config.train_data,
+        "data": data or stack_data(config),
         "rows": config.train_rows,
         "strategy": config.train_strategy,
         # single: the one TensorFlow worker takes all of its executor's cores
@@ -61,12 +68,24 @@ def training_settings(config: stack_config.StackConfig, job_sha: str = "") -> di
 JOB_ONLY_SETTINGS = ("job_sha", "job_params", "env_sha")
 
 
-def resolve_job_env(config: stack_config.StackConfig) -> Env | None:
-    """The declared job's packages (infra.jobs.envs), resolved on this machine."""
+def load_job(config: stack_config.StackConfig) -> JobSpec:
+    """The declared job's spec (its directory is checked by config already)."""
     from trainstack_training.job import load_spec
 
-    spec = load_spec(config.job_path, config.job_params_dict)  # checked by config already
-    return envs.resolve(config.job_path, spec.requirements)
+    return load_spec(config.job_path, config.job_params_dict)
+
+
+def stack_data(config: stack_config.StackConfig) -> str:
+    """The stack's data set: `trainstack:trainData`, or the digits when it is not set."""
+    return config.train_data or DIGITS
+
+
+def job_data(config: stack_config.StackConfig, spec: JobSpec, job_sha: str) -> str:
+    """The declared job's data set: the stack's `trainData` when it is set (it is the declared
+    job's own setting), else the manifest's `data`, else the digits (docs/jobs.md, Data)."""
+    from trainstack_training.job import data_location
+
+    return config.train_data or data_location(spec, f"{JOBS_DIR}/{job_sha}") or DIGITS
 
 
 def training_trigger(config: stack_config.StackConfig, settings: dict) -> str:
@@ -105,7 +124,8 @@ def main() -> None:
     # The job's code, packed now: a directory over the size cap fails before anything.
     try:
         job = pack(config.job_path) if config.train else None
-        env = resolve_job_env(config) if config.train else None
+        spec = load_job(config) if config.train else None
+        env = envs.resolve(config.job_path, spec.requirements) if spec else None
     except (JobDirError, EnvError) as exc:
         raise pulumi.RunError(f"trainstack:job: {exc}") from None
     stack = pulumi.get_stack()
@@ -143,8 +163,8 @@ def main() -> None:
     if not config.train:
         return
 
-    assert job is not None  # config.train
-    settings = training_settings(config, job.sha)
+    assert job is not None and spec is not None  # config.train
+    settings = training_settings(config, job.sha, job_data(config, spec, job.sha))
     if env is not None:  # only then: an unchanged job without packages keeps its trigger
         settings["env_sha"] = env.sha
     # What `trainstack submit` needs (infra/jobs/cli.py): the nodes that may submit, and the
@@ -155,6 +175,8 @@ def main() -> None:
         pulumi.Output.from_input(cluster.spark_master_url).apply(
             lambda url: {
                 **{k: v for k, v in settings.items() if k not in JOB_ONLY_SETTINGS},
+                # A submitted job's manifest names its own data; else the stack's.
+                "data": stack_data(config),
                 "master_url": url,
             }
         ),

@@ -165,7 +165,7 @@ class Jobs:
 
     # -- submit -------------------------------------------------------------------------
     def submit(self, directory: Path, params: dict[str, Any], overrides: dict[str, Any]) -> str:
-        from trainstack_training.job import JobError, load_spec
+        from trainstack_training.job import JobError, data_location, load_spec
 
         try:
             spec = load_spec(directory, params)
@@ -173,6 +173,9 @@ class Jobs:
             env = envs.resolve(directory, spec.requirements)
         except (JobError, JobDirError, EnvError) as exc:
             raise CliError(str(exc), EXIT_INPUT) from None
+        # The data set: --data, else the manifest's, else the stack's (docs/jobs.md, Data).
+        data = overrides.get("data") or data_location(spec, f"{JOBS_DIR}/{packed.sha}")
+        overrides = {**overrides, **({"data": data} if data else {})}
         node = self.any_node_with_venv()
         try:
             ship(node, packed)
@@ -197,6 +200,7 @@ class Jobs:
             "node": node.name,
             "epochs": int(settings["epochs"]),
             "workers": int(settings["workers"]),
+            "data": str(settings["data"]),
         }
         command = [
             f"{NODE_VENV}/bin/python", "-m", "trainstack_training.runner", run_dir,
@@ -329,6 +333,20 @@ def _params(pairs: Sequence[str]) -> dict[str, Any]:
     return params
 
 
+def _data(value: str) -> str:
+    """--data, checked: what the cluster reads as it is (a path here means nothing there)."""
+    from trainstack_training.job import DATA_SCHEMES, DIGITS
+
+    if value == DIGITS or value.startswith(("/", *DATA_SCHEMES)):
+        return value
+    raise CliError(
+        f"--data {value!r}: give digits, an absolute path on the cluster's storage, or a URL "
+        f"({', '.join(s[:-3] for s in DATA_SCHEMES)}); data inside your job directory is named "
+        "by the manifest's data",
+        EXIT_INPUT,
+    )
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="trainstack", description="Submit training code to a running trainstack stack."
@@ -339,6 +357,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("directory", type=Path)
     p.add_argument("-p", "--param", action="append", default=[], metavar="NAME=VALUE")
     p.add_argument("--epochs", type=int)
+    p.add_argument(
+        "--data",
+        metavar="DATA",
+        help="the data set: digits, or an absolute path or URL the cluster reads "
+        "(default: the manifest's data, else the stack's trainData)",
+    )
     p.add_argument("--json", action="store_true")
     p = sub.add_parser("status", help="a job's state (default: the latest job)")
     p.add_argument("job_id", nargs="?")
@@ -359,9 +383,11 @@ def build_parser() -> argparse.ArgumentParser:
 def run(args: argparse.Namespace) -> int:
     jobs = Jobs(stack_outputs(args.stack))
     if args.command == "submit":
-        overrides = {"epochs": args.epochs} if args.epochs else {}
+        overrides: dict[str, Any] = {"epochs": args.epochs} if args.epochs else {}
         if args.epochs is not None and args.epochs < 1:
             raise CliError(f"--epochs {args.epochs}: must be >= 1", EXIT_INPUT)
+        if args.data is not None:
+            overrides["data"] = _data(args.data)
         job_id = jobs.submit(args.directory, _params(args.param), overrides)
         print(json.dumps({"job_id": job_id}) if args.json else job_id)
         return 0

@@ -59,14 +59,36 @@ def job_processes(platform) -> dict[str, str]:
     return found
 
 
+SHIPPED_ROWS = 1000  # the MLP's own data set, shipped with its code
+
+
+def mlp_with_its_own_data(directory: Path) -> Path:
+    """examples/digits with a CSV data set inside the job directory, named by the manifest."""
+    from trainstack_training.data import digits_arrays
+
+    shutil.copytree(EXAMPLES / "digits", directory)
+    x, y = digits_arrays()
+    x = x.reshape(len(x), -1)
+    header = ",".join([*(f"f{i}" for i in range(x.shape[1])), "label"])
+    rows = (",".join([*(f"{v:g}" for v in x[i]), str(int(y[i]))]) for i in range(SHIPPED_ROWS))
+    (directory / "data").mkdir()
+    (directory / "data" / "digits.csv").write_text(header + "\n" + "\n".join(rows) + "\n")
+    manifest = directory / "trainstack.toml"
+    manifest.write_text(
+        manifest.read_text().replace("[job]\n", '[job]\ndata = "data/digits.csv"\n')
+    )
+    return directory
+
+
 @pytest.fixture(scope="module")
-def queued(platform):
-    """Two jobs submitted back to back: the CNN (3 epochs), then the MLP with a parameter."""
+def queued(platform, tmp_path_factory):
+    """Two jobs submitted back to back: the CNN (3 epochs), then the MLP with a parameter and
+    a data set of its own (shipped with its code, named by its manifest)."""
     first = trainstack(platform, "submit", str(EXAMPLES / "digits-cnn"), "--epochs", "3")
+    mlp = mlp_with_its_own_data(tmp_path_factory.mktemp("submit") / "digits")
     second = trainstack(
-        platform, "submit", str(EXAMPLES / "digits"), "-p", "hidden_units=64", "--epochs", "2",
-        "--json",
-    )  # fmt: skip
+        platform, "submit", str(mlp), "-p", "hidden_units=64", "--epochs", "2", "--json"
+    )
     assert first.returncode == 0, first.stderr
     assert second.returncode == 0, second.stderr
     return first.stdout.strip(), json.loads(second.stdout)["job_id"]
@@ -104,6 +126,12 @@ def test_the_queued_job_runs_next_with_its_parameters(platform, queued):
     record = status(platform, second)
     assert record["state"] == "succeeded", record
     assert record["params"]["hidden_units"] == 64 and record["result"]["epochs"] == 2
+    # It trained on its own data set, read from its code's copy on the shared storage.
+    assert record["data"].startswith("/srv/trainstack/models/jobs/"), record["data"]
+    assert record["data"].endswith("/data/digits.csv"), record["data"]
+    metrics_file = f"/srv/trainstack/models/{second}/metrics.json"
+    code, metrics = sh(platform.container("control-3"), f"cat {metrics_file}")
+    assert code == 0 and json.loads(metrics)["data_rows"] == SHIPPED_ROWS, metrics[-2000:]
     text = trainstack(platform, "status", second)
     assert text.returncode == 0 and "succeeded" in text.stdout
 

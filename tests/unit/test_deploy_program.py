@@ -11,7 +11,7 @@ import pytest
 from infra.components.provisioning import Provisioning, ProvisioningArgs, tree_digest
 from infra.components.training import Training, TrainingArgs
 from infra.config import StackConfig
-from infra.program import training_settings, training_trigger
+from infra.program import job_data, training_settings, training_trigger
 
 pytestmark = pytest.mark.unit
 
@@ -405,3 +405,30 @@ def test_ssh_program_outputs(monkeypatch, tmp_path):
         for name, host in (("gpu-1", "192.0.2.20"), ("gpu-2", "192.0.2.21"))
     ]
     assert out["jobDefaults"]["master_url"] == out["sparkMasterUrl"]
+
+
+@pytest.mark.parametrize(
+    ("train_data", "manifest", "expected"),
+    [
+        ("", "", "digits"),  # nothing named anywhere
+        ("", "data/t.csv", "/srv/trainstack/models/jobs/sha1/data/t.csv"),  # shipped with code
+        ("", "/srv/trainstack/data/m.parquet", "/srv/trainstack/data/m.parquet"),
+        ("/srv/trainstack/data/s.parquet", "data/t.csv", "/srv/trainstack/data/s.parquet"),
+    ],
+)
+def test_the_declared_jobs_data_set_is_the_stacks_then_the_manifests(
+    tmp_path, train_data, manifest, expected
+):
+    """`trainstack:trainData`, set, is the declared job's own setting and wins; unset, the
+    manifest's `data` applies, else the digits."""
+    from trainstack_training.job import load_spec
+
+    (tmp_path / "data").mkdir()
+    (tmp_path / "data" / "t.csv").write_text("a,label\n1,0\n")
+    (tmp_path / "m.py").write_text("def train(ctx): ...\n")
+    line = f'data = "{manifest}"\n' if manifest else ""
+    (tmp_path / "trainstack.toml").write_text(f'[job]\nentry = "m"\n{line}')
+    config = StackConfig(train_data=train_data)
+    data = job_data(config, load_spec(tmp_path), "sha1")
+    assert data == expected
+    assert training_settings(config, "sha1", data)["data"] == expected

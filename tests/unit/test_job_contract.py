@@ -10,6 +10,7 @@ from trainstack_training.job import (
     JobError,
     UserCodeError,
     call_user,
+    data_location,
     is_cluster_failure,
     load_spec,
     user_frames,
@@ -84,6 +85,11 @@ BAD = [
     ('[job]\nentry = "m"\nprogress_timeout = "9"\n', {"m.py": "def train(c): ..."}, ">= 0"),
     ('[job]\nentry = "m"\nprogress_timeout = true\n', {"m.py": "def train(c): ..."}, ">= 0"),
     ('[job]\nentry = "m"\n[params]\nx = 1\n', {"m.py": "def train(c): ..."}, None),
+    ('[job]\nentry = "m"\ndata = 3\n', {"m.py": "def train(c): ..."}, "data = 3: give"),
+    ('[job]\nentry = "m"\ndata = " "\n', {"m.py": "def train(c): ..."}, "data = ' ': give"),
+    ('[job]\nentry = "m"\ndata = "t.csv"\n', {"m.py": "def train(c): ..."}, "does not exist"),
+    ('[job]\nentry = "m"\ndata = "../x.csv"\n', {"m.py": "def train(c): ..."}, "leaves the job"),
+    ('[job]\nentry = "m"\ndata = "ftp://h/x"\n', {"m.py": "def train(c): ..."}, "URL schemes"),
 ]
 
 
@@ -98,6 +104,27 @@ def test_a_bad_job_directory_is_one_sentence(tmp_path, manifest, files, message)
     text = str(err.value)
     assert message in text and str(job) in text
     assert "\n" not in text
+
+
+@pytest.mark.parametrize(
+    ("data", "files", "location"),
+    [
+        ("", {}, ""),  # none named: the stack's data set
+        ("digits", {}, "digits"),
+        ("/srv/trainstack/data/t.parquet", {}, "/srv/trainstack/data/t.parquet"),
+        ("https://example.org/t.csv", {}, "https://example.org/t.csv"),
+        ("data/t.csv", {"data/t.csv": "a,label\n1,0\n"}, "/jobs/abc/data/t.csv"),
+        ("data", {"data/part-0.csv": "a,label\n1,0\n"}, "/jobs/abc/data"),
+    ],
+)
+def test_the_manifests_data_set_is_read_where_the_cluster_has_it(tmp_path, data, files, location):
+    """A path inside the job directory is shipped with the code, so the cluster reads it under
+    the code's copy; anything else is read as it is."""
+    line = f'data = "{data}"\n' if data else ""
+    job = _job(tmp_path, f'[job]\nentry = "m"\n{line}', {"m.py": "def train(c): ...", **files})
+    spec = load_spec(job)
+    assert spec.data == data
+    assert data_location(spec, "/jobs/abc/") == location
 
 
 def test_a_missing_directory_or_manifest_is_named(tmp_path):

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from infra.jobs.cli import _params, build_parser
+from infra.jobs.cli import CliError, _data, _params, build_parser
 
 pytestmark = pytest.mark.unit
 
@@ -220,3 +220,16 @@ def test_params_are_json_when_they_parse(pairs, expected):
 def test_the_cli_takes_the_stack_before_the_command():
     args = build_parser().parse_args(["-s", "dev", "logs", "-f", "job-1"])
     assert (args.stack, args.command, args.job_id, args.follow) == ("dev", "logs", "job-1", True)
+
+
+@pytest.mark.parametrize("value", ["digits", "/srv/trainstack/data/t.parquet", "s3a://b/t"])
+def test_submit_data_takes_what_the_cluster_reads(value):
+    args = build_parser().parse_args(["submit", "job", "--data", value])
+    assert _data(args.data) == value
+
+
+@pytest.mark.parametrize("value", ["data/t.csv", "t.parquet", "ftp://h/t.csv", ""])
+def test_submit_data_refuses_a_path_of_this_machine_by_name(value):
+    with pytest.raises(CliError) as err:
+        _data(value)
+    assert repr(value) in str(err.value) and "manifest's data" in str(err.value)

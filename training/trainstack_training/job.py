@@ -5,6 +5,7 @@ A job is a directory with a manifest, ``trainstack.toml``, and the user's Python
     [job]
     entry = "model"          # a module of this directory: model.py or model/__init__.py
     # requirements = "requirements.txt"   # extra packages (docs/jobs.md, "Packages")
+    # data = "data/train.parquet"           # the data set (docs/jobs.md, "Data")
 
     [params]                 # defaults; the stack's trainstack:jobParams override them
     learning_rate = 0.001
@@ -40,10 +41,14 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any
 
+from trainstack_training.config import DIGITS
+
 MANIFEST = "trainstack.toml"
 ERROR_FILE = ".job-error.json"  # in the run directory: the user's error, for retries and driver
 _MODULE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*$")
-_JOB_KEYS = ("entry", "requirements", "progress_timeout")
+_JOB_KEYS = ("entry", "requirements", "progress_timeout", "data")
+# Data locations the cluster reads itself: a URL of these schemes or an absolute path.
+DATA_SCHEMES = ("http://", "https://", "file://", "hdfs://", "s3a://")
 # A rank with no finished batch, epoch or ctx.report for this long fails (watchdog.py).
 DEFAULT_PROGRESS_TIMEOUT = 600.0
 _TOP_KEYS = ("job", "params")
@@ -71,6 +76,9 @@ class JobSpec:
     params: dict[str, Any] = field(default_factory=dict)
     requirements: str = ""
     progress_timeout: float = DEFAULT_PROGRESS_TIMEOUT  # seconds; 0 = off
+    # The manifest's data set: "" (none named), "digits", an absolute path or URL the cluster
+    # reads, or a path inside the job directory (shipped with the code; see data_location).
+    data: str = ""
 
 
 def _fail(directory: Path, what: str) -> JobError:
@@ -186,6 +194,7 @@ def load_spec(directory: str | Path, params: dict[str, Any] | None = None) -> Jo
     requirements = job.get("requirements", "")
     if requirements and not (directory / str(requirements)).is_file():
         raise _fail(directory, f"{MANIFEST}: requirements = {requirements!r} does not exist")
+    data = _check_data(directory, job.get("data", ""))
     merged = {
         **_check_params(directory, values.get("params", {}), "[params]"),
         **_check_params(directory, params or {}, "the stack's job parameters"),
@@ -199,7 +208,47 @@ def load_spec(directory: str | Path, params: dict[str, Any] | None = None) -> Jo
         params=merged,
         requirements=str(requirements or ""),
         progress_timeout=float(timeout),
+        data=data,
     )
+
+
+def _check_data(directory: Path, data: Any) -> str:
+    """The manifest's `data`, checked: what the cluster reads as it is, or a path inside the
+    job directory that exists (it is shipped with the code)."""
+    if data == "":
+        return ""
+    if not isinstance(data, str) or not data.strip():
+        raise _fail(
+            directory,
+            f'{MANIFEST}: [job] data = {data!r}: give "digits", a path inside the job '
+            "directory, or an absolute path or URL the cluster reads",
+        )
+    if data == DIGITS or data.startswith(DATA_SCHEMES) or data.startswith("/"):
+        return data
+    if "://" in data:
+        raise _fail(
+            directory,
+            f"{MANIFEST}: [job] data = {data!r}: allowed URL schemes are "
+            f"{', '.join(s[:-3] for s in DATA_SCHEMES)}",
+        )
+    inside = (directory / data).resolve()
+    if not inside.is_relative_to(directory.resolve()):
+        raise _fail(
+            directory,
+            f"{MANIFEST}: [job] data = {data!r} leaves the job directory; give a path inside it, "
+            "or an absolute path on the cluster's storage",
+        )
+    if not inside.exists():
+        raise _fail(directory, f"{MANIFEST}: [job] data = {data!r} does not exist in the directory")
+    return data
+
+
+def data_location(spec: JobSpec, cluster_job_dir: str) -> str:
+    """Where the cluster reads the manifest's data set ("" when it names none): a path inside
+    the job directory becomes that path under the code's copy on the shared storage."""
+    if not spec.data or spec.data == DIGITS or spec.data.startswith(("/", *DATA_SCHEMES)):
+        return spec.data
+    return f"{cluster_job_dir.rstrip('/')}/{Path(spec.data).as_posix()}"
 
 
 def listed_requirements(spec: JobSpec) -> list[str]:
