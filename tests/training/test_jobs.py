@@ -5,6 +5,7 @@ one clear failure naming the user's file and line."""
 from __future__ import annotations
 
 import json
+import re
 import time
 from pathlib import Path
 
@@ -13,6 +14,9 @@ import pytest
 from .conftest import EXAMPLES, run_cli
 
 pytestmark = pytest.mark.training
+
+# After one rank fails, the other ranks stop within this many seconds (docs/jobs.md).
+STOP_OTHER_RANKS_S = 15
 
 
 def _job(root: Path, files: dict[str, str]) -> Path:
@@ -112,6 +116,38 @@ def test_a_job_without_progress_fails_with_every_ranks_stacks(tmp_path):
     assert "trainstack: no progress for 4 s" in log and "in wait_forever" in log, log[-2000:]
     # One hang, not one per retry: the retries fail at once on the recorded error.
     assert time.monotonic() - started < 90
+
+
+def test_one_rank_failing_stops_the_others_within_seconds(tmp_path):
+    """Rank 1 raises while rank 0 waits in a loop that never ends and reports no progress
+    (the no-progress timeout is off): rank 0's process is stopped within seconds of the
+    error, not when it gives up, and the job fails with rank 1's error."""
+    alive = tmp_path / "rank0-alive"
+    job = _job(
+        tmp_path / "job",
+        {
+            "trainstack.toml": '[job]\nentry = "m"\nprogress_timeout = 0\n',
+            "m.py": (
+                "import time\n\n"
+                "def train(ctx):\n"
+                "    if ctx.rank == 1:\n"
+                "        print(f'raising at {time.time()}', flush=True)\n"
+                "        raise ValueError('rank one gives up')\n"
+                "    while True:  # rank 0: alive until stopped\n"
+                f"        open({str(alive)!r}, 'a').write(f'{{time.time()}}\\n')\n"
+                "        time.sleep(0.1)\n"
+            ),
+        },
+    )
+    rc, s, _ = run_cli(["--job-dir", str(job), "--output", str(tmp_path / "out")], timeout=600)
+    assert rc == 1 and s["kind"] == "JobCodeError", s
+    assert "ValueError: rank one gives up (at m.py:6)" in s["error"], s["error"]
+    log = (tmp_path / "out" / "rank-1.log").read_text()
+    raised = min(float(t) for t in re.findall(r"raising at ([0-9.]+)", log))
+    last_alive = max(float(t) for t in alive.read_text().split())
+    stopped_s = last_alive - raised
+    print(f"rank 0 was stopped {stopped_s:.1f} s after rank 1 raised")
+    assert stopped_s < STOP_OTHER_RANKS_S, (stopped_s, log[-2000:])
 
 
 @pytest.mark.parametrize(
