@@ -406,6 +406,9 @@ step_python_env() {
     # tf-keras' metadata drags in the full `tensorflow` over `tensorflow-cpu`.
     log_cmd "${uv[@]}" --no-deps "tf-keras==$(grep -iE '^tf[-_]keras==' constraints.txt | cut -d= -f3)"
   fi
+  # uv builds pyspark (an sdist only) into a new cache revision on every install here, 1.3 GB
+  # each; pruning keeps the cache to what is in use.
+  log_cmd "$VENV/bin/uv" cache prune -q
   echo "$stamp" >"$VENV/.trainstack-stamp"
   echo "virtual environment $VENV ready ($("$VENV/bin/python" --version))"
 }
