@@ -33,6 +33,7 @@ from pathlib import Path
 from typing import Any
 
 from trainstack_training.ranklog import RANK_LOG
+from trainstack_training.runner import INSTALL_SCRIPT
 
 from infra.config import PROJECT_DIR
 from infra.jobs import envs
@@ -181,16 +182,20 @@ class Jobs:
             ship(node, packed)
         except RemoteError as exc:
             raise CliError(str(exc), EXIT_UNREACHABLE) from None
+        # The wheels go to the cluster now (a conflicting pin fails here, before anything
+        # runs); the install itself is the job's first state, `installing` (runner.py).
         try:
-            site = envs.install(node, env, f"{NODE_VENV}/bin/python", JOB_USER) if env else ""
+            staged = envs.stage(node, env, f"{NODE_VENV}/bin/python", JOB_USER) if env else None
         except EnvError as exc:
             raise CliError(str(exc), EXIT_FAILED) from None
+        site = staged.site if staged else ""
+        install = staged.script if staged else ""
         job_id = f"job-{datetime.now(UTC):%Y%m%d-%H%M%S}-{secrets.token_hex(2)}"
         run_dir = f"{MODELS_DIR}/{job_id}"
         settings = {**self.defaults, **overrides}
         record = {
             "id": job_id,
-            "state": "queued",
+            "state": "installing" if install else "queued",
             "submitted_at": time.time(),
             "job": str(directory.resolve()),
             "code_sha": packed.sha,
@@ -204,7 +209,8 @@ class Jobs:
         }
         command = [
             f"{NODE_VENV}/bin/python", "-m", "trainstack_training.runner", run_dir,
-            "--lock", QUEUE_LOCK, "--epochs", str(int(settings["epochs"])), "--",
+            "--lock", QUEUE_LOCK, "--epochs", str(int(settings["epochs"])),
+            *(["--install", f"{run_dir}/{INSTALL_SCRIPT}"] if install else []), "--",
             f"{NODE_VENV}/bin/trainstack-train",
             "--job-dir", f"{JOBS_DIR}/{packed.sha}",
             "--job-params", json.dumps(spec.params, sort_keys=True),
@@ -225,6 +231,8 @@ class Jobs:
         try:
             node.run(["mkdir", "-p", run_dir], user=JOB_USER)
             node.put(f"{run_dir}/job.json", json.dumps(record).encode(), user=JOB_USER)
+            if install:
+                node.put(f"{run_dir}/{INSTALL_SCRIPT}", install.encode(), user=JOB_USER)
             code, out = node.run(["sh", "-c", detached], user=JOB_USER, env=NODE_ENV)
         except TransportError as exc:
             raise CliError(

@@ -254,15 +254,25 @@ rm -f {q(archive)}
 """
 
 
-def install(node: Transport, env: Env, python: str, user: str) -> str:
-    """Install `env` into its overlay on the cluster's shared storage (once per lock) and
-    return the overlay's site directory."""
+@dataclass(frozen=True)
+class Staged:
+    """A job's packages made ready on the cluster: `site` is the overlay's site directory;
+    `script` the node-side install still to run (install_script), "" when the overlay is
+    there already."""
+
+    site: str
+    script: str
+
+
+def stage(node: Transport, env: Env, python: str, user: str) -> Staged:
+    """Check `env` against the nodes' packages and ship the wheels the nodes lack (once per
+    lock). A version the nodes pin otherwise is an EnvError here, before anything runs."""
     env_dir = f"{ENVS_DIR}/{env.sha}"
     try:
         code, _ = node.run(["test", "-f", f"{env_dir}/.complete"], user=user)
         if code == 0:
             print(f"packages {env.short} are on the cluster already", file=sys.stderr)
-            return env.site
+            return Staged(env.site, "")
         have = _node_packages(node, python)
         ship = []
         for wheel in sorted(env.wheels.glob("*.whl")):
@@ -282,12 +292,26 @@ def install(node: Transport, env: Env, python: str, user: str) -> str:
         archive = f"{ENVS_DIR}/.{env.sha}.tar.gz"
         node.run(["mkdir", "-p", ENVS_DIR], user=user)
         node.put(archive, buffer.getvalue(), mode=0o644, user=user)
-        names = ", ".join(w.name.split("-")[0] for w in ship) or "nothing new"
-        print(f"installing packages {env.short} on the cluster ({names}) ...", file=sys.stderr)
-        code, out = node.run(["sh", "-c", install_script(archive, env_dir, python)], user=user)
+    except TransportError as exc:
+        raise EnvError(f"cannot ship the job's packages: {exc}") from None
+    names = ", ".join(w.name.split("-")[0] for w in ship) or "nothing new"
+    print(f"packages {env.short} shipped to the cluster ({names})", file=sys.stderr)
+    return Staged(env.site, install_script(archive, env_dir, python))
+
+
+def install(node: Transport, env: Env, python: str, user: str) -> str:
+    """Install `env` into its overlay on the cluster's shared storage (once per lock), now,
+    and return the overlay's site directory (the stack's declared job; a submitted job
+    installs in its `installing` state instead: trainstack_training.runner)."""
+    staged = stage(node, env, python, user)
+    if not staged.script:
+        return staged.site
+    print(f"installing packages {env.short} on the cluster ...", file=sys.stderr)
+    try:
+        code, out = node.run(["sh", "-c", staged.script], user=user)
     except TransportError as exc:
         raise EnvError(f"cannot install the job's packages: {exc}") from None
     if code != 0:
         said = out.decode(errors="replace").strip()[-400:]
         raise EnvError(f"installing the job's packages on {node.name} failed: {said}")
-    return env.site
+    return staged.site

@@ -187,10 +187,13 @@ def test_a_jobs_packages_are_installed_once_and_imported_on_every_worker(platfor
     job = job_with_packages(tmp_path, "tabulate==0.8.10\nnumpy  # the nodes have it\n")
     first = trainstack(platform, "submit", str(job), "--epochs", "2", "--json")
     assert first.returncode == 0, first.stderr
-    assert "installing packages" in first.stderr and "tabulate" in first.stderr
+    # submit ships the wheels and returns; the job installs them in its `installing` state.
+    assert "shipped to the cluster (tabulate)" in first.stderr, first.stderr
     job_id = json.loads(first.stdout)["job_id"]
     logs = trainstack(platform, "logs", "-f", job_id, timeout=600)
     assert logs.returncode == 0, logs.stdout[-3000:] + logs.stderr
+    assert "[trainstack] installing the job's packages on the cluster ..." in logs.stdout
+    assert "[trainstack] packages installed in " in logs.stdout, logs.stdout[-3000:]
     record = status(platform, job_id)
     assert record["state"] == "succeeded" and record["env_sha"], record
     site = f"/srv/trainstack/models/envs/{record['env_sha']}/site"
@@ -209,8 +212,10 @@ def test_a_jobs_packages_are_installed_once_and_imported_on_every_worker(platfor
     assert sh(container, f"test -e {site}/numpy")[0] != 0  # the nodes' own NumPy is used
     again = trainstack(platform, "submit", str(job), "--epochs", "2", "--json")
     assert again.returncode == 0, again.stderr
-    assert "are on the cluster already" in again.stderr and "installing" not in again.stderr
-    stop = trainstack(platform, "cancel", json.loads(again.stdout)["job_id"], timeout=60)
+    assert "are on the cluster already" in again.stderr and "shipped" not in again.stderr
+    again_id = json.loads(again.stdout)["job_id"]
+    assert status(platform, again_id)["state"] != "installing"  # nothing to install
+    stop = trainstack(platform, "cancel", again_id, timeout=60)
     assert stop.returncode == 0, stop.stdout + stop.stderr
 
 

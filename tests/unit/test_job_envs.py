@@ -184,6 +184,22 @@ def test_the_overlay_is_installed_once_offline_without_what_the_node_has(tmp_pat
     assert len(node.commands) == ran + 1  # one existence check: no listing, no pip
 
 
+def test_staging_ships_the_wheels_and_leaves_the_install_to_the_job(tmp_path, monkeypatch):
+    """`trainstack submit` stages; the job's runner runs the script in its `installing`
+    state. Until then there is no overlay; once it is there, staging ships nothing."""
+    monkeypatch.setattr(envs, "ENVS_DIR", str(tmp_path / "envs"))
+    wheels = tmp_path / "wheels"
+    make_wheel(wheels, "hellopkg", "1.0")
+    env = Env("c" * 64, ("hellopkg==1.0",), wheels)
+    staged = envs.stage(LocalNode(), env, sys.executable, user="nobody")
+    assert staged.site == env.site and staged.script
+    assert list((tmp_path / "envs").glob("*.tar.gz"))  # shipped
+    assert not Path(staged.site).exists()  # not installed yet
+    subprocess.run(["sh", "-c", staged.script], check=True)
+    assert (Path(staged.site) / "hellopkg" / "__init__.py").is_file()
+    assert envs.stage(LocalNode(), env, sys.executable, user="nobody").script == ""
+
+
 def test_a_wheel_at_another_version_than_the_nodes_is_refused(tmp_path, monkeypatch):
     monkeypatch.setattr(envs, "ENVS_DIR", str(tmp_path / "envs"))
     wheels = tmp_path / "wheels"

@@ -7,6 +7,7 @@ from __future__ import annotations
 import contextlib
 import itertools
 import json
+import re
 import signal
 import subprocess
 import sys
@@ -31,15 +32,23 @@ JOB = (
 )
 
 
-def start(root: Path, name: str, epochs: int, pause: float) -> tuple[subprocess.Popen, Path]:
+def start(
+    root: Path, name: str, epochs: int, pause: float, install: str = ""
+) -> tuple[subprocess.Popen, Path]:
+    """The runner of one job; `install`: the text of its packages' install script."""
     run_dir = root / name
     run_dir.mkdir()
+    state = "installing" if install else "queued"
     (run_dir / "job.json").write_text(
-        json.dumps({"id": name, "state": "queued", "submitted_at": time.time()})
+        json.dumps({"id": name, "state": state, "submitted_at": time.time()})
     )
+    extra = []
+    if install:
+        (run_dir / "install.sh").write_text(install)
+        extra = ["--install", str(run_dir / "install.sh")]
     proc = subprocess.Popen(
         [sys.executable, "-m", "trainstack_training.runner", str(run_dir), "--lock",
-         str(root / ".lock"), "--epochs", str(epochs), "--",
+         str(root / ".lock"), "--epochs", str(epochs), *extra, "--",
          sys.executable, "-c", JOB, str(run_dir), str(epochs), str(pause)],
     )  # fmt: skip
     return proc, run_dir
@@ -233,3 +242,44 @@ def test_submit_data_refuses_a_path_of_this_machine_by_name(value):
     with pytest.raises(CliError) as err:
         _data(value)
     assert repr(value) in str(err.value) and "manifest's data" in str(err.value)
+
+
+def test_a_job_with_packages_is_installing_then_queued_then_running(tmp_path):
+    gate = tmp_path / "install-may-end"
+    proc, run_dir = start(
+        tmp_path,
+        "job-i",
+        1,
+        0.1,
+        f"echo pip says hello\nwhile [ ! -e {gate} ]; do sleep 0.1; done\n",
+    )
+    wait_for(lambda: "pip says hello" in text(run_dir / "output.log"))
+    assert record(run_dir)["state"] == "installing"
+    gate.touch()
+    assert proc.wait(timeout=30) == 0
+    assert record(run_dir)["state"] == "succeeded"
+    output = text(run_dir / "output.log")
+    assert "[trainstack] installing the job's packages on the cluster ..." in output
+    assert re.search(r"\[trainstack\] packages installed in [0-9.]+ s", output), output
+
+
+def test_a_failed_install_fails_the_job_without_running_it(tmp_path):
+    proc, run_dir = start(tmp_path, "job-f", 1, 0.1, "echo 'no such wheel' >&2\nexit 3\n")
+    assert proc.wait(timeout=30) == 1
+    done = record(run_dir)
+    assert done["state"] == "failed" and done["exit_code"] == 3, done
+    assert done["error"].startswith("installing the job's packages failed (exit 3)"), done
+    assert "no such wheel" in text(run_dir / "output.log")
+    assert not (run_dir / "epochs.jsonl").exists()  # the job never ran
+
+
+def test_cancel_while_installing_stops_the_install_and_never_runs_the_job(tmp_path):
+    proc, run_dir = start(tmp_path, "job-x", 1, 0.1, "echo started\nsleep 60\n")
+    wait_for(lambda: "started" in text(run_dir / "output.log"))
+    proc.send_signal(signal.SIGTERM)
+    assert proc.wait(timeout=20) == 1
+    done = record(run_dir)
+    assert done["state"] == "cancelled" and done["error"] == "cancelled while installing", done
+    assert not (run_dir / "epochs.jsonl").exists()
+    leftover = subprocess.run(["pgrep", "-f", str(run_dir)], capture_output=True, check=False)
+    assert leftover.stdout.strip() == b""

@@ -54,6 +54,18 @@ def _gone(pid: int) -> bool:
     return state == "Z"
 
 
+def _below(pid: int, ancestor: int) -> bool:
+    """`pid` is `ancestor` or one of its descendants (walking /proc's parent links)."""
+    while pid > 1:
+        if pid == ancestor:
+            return True
+        try:
+            pid = int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
+        except (OSError, ValueError, IndexError):
+            return False
+    return False
+
+
 def test_a_stop_by_group_signals_finishes_despite_the_group_kill(tmp_path):
     playbook = tmp_path / "stuck.yml"
     playbook.write_text(STUCK)
@@ -71,8 +83,14 @@ def test_a_stop_by_group_signals_finishes_despite_the_group_kill(tmp_path):
         start_new_session=True,
     )
     try:
-        wait_until("the stuck task running", lambda: processes_naming("sleep 120"), 60)
-        child = int(pid_file.read_text())
+        # This run's stuck task: a `sleep 120` below its provisioning child (another test's
+        # may still be running on this machine).
+        child = wait_until("the provisioning child", lambda: int(pid_file.read_text()), 60)
+        wait_until(
+            "the stuck task running",
+            lambda: any(_below(int(p.split(":")[0]), child) for p in processes_naming("sleep 120")),
+            60,
+        )
         os.killpg(plugin.pid, signal.SIGINT)
         time.sleep(0.3)  # Pulumi waits 5 s; far less here, so a stop that stays loses
         os.killpg(plugin.pid, signal.SIGKILL)

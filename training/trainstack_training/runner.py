@@ -1,12 +1,16 @@
 """Run one submitted job on a node: wait for its turn, run `trainstack-train`, record its state.
 
-    python -m trainstack_training.runner RUN_DIR --lock FILE -- <trainstack-train arguments>
+    python -m trainstack_training.runner RUN_DIR --lock FILE [--install SCRIPT] -- <command>
+
+(the command: trainstack-train and its arguments).
 
 `trainstack submit` starts this detached on a worker node (docs/jobs.md). It keeps the job's
 record, ``RUN_DIR/job.json``, on shared storage, where `trainstack status` and `list` read it:
-``queued`` until the job is the oldest queued job and holds the cluster's barrier lock (one
-barrier job at a time; the stack's own job takes the same lock), then ``running``, then
-``succeeded``, ``failed`` or ``cancelled``. The job's output goes to ``RUN_DIR/output.log``,
+``installing`` while SCRIPT installs the job's packages into their overlay (only for a lock
+that is not on the cluster yet; an installing job does not hold the queue), ``queued`` until
+the job is the oldest queued job and holds the cluster's barrier lock (one barrier job at a
+time; the stack's own job takes the same lock), then ``running``, then ``succeeded``,
+``failed`` or ``cancelled``. The job's output goes to ``RUN_DIR/output.log``,
 with one line per finished epoch (from the run's epochs.jsonl) for `trainstack logs`.
 
 SIGTERM (`trainstack cancel`) stops a running job the way Spark stops one: SIGINT to the
@@ -35,6 +39,7 @@ from typing import Any
 
 RECORD = "job.json"
 OUTPUT = "output.log"
+INSTALL_SCRIPT = "install.sh"  # the packages' install, written by `trainstack submit`
 EPOCHS = "epochs.jsonl"
 FINAL_STATES = ("succeeded", "failed", "cancelled")
 HEARTBEAT_SECONDS = 2.0
@@ -101,8 +106,11 @@ def epoch_line(row: dict[str, Any], epochs: int) -> str:
 
 
 class Runner:
-    def __init__(self, run_dir: Path, lock: Path, command: list[str], epochs: int) -> None:
+    def __init__(
+        self, run_dir: Path, lock: Path, command: list[str], epochs: int, install: str = ""
+    ) -> None:
         self.run_dir, self.lock, self.command, self.epochs = run_dir, lock, command, epochs
+        self.install_script = install
         self.child: subprocess.Popen[bytes] | None = None
         self.cancelled = False
         self.stop_started = 0.0
@@ -159,27 +167,62 @@ class Runner:
                 told = say
             time.sleep(QUEUE_POLL_SECONDS)
 
+    def say(self, line: str) -> None:
+        with (self.run_dir / OUTPUT).open("a") as out:
+            out.write(f"[trainstack] {line}\n")
+
+    def install(self) -> tuple[int | None, str]:
+        """Run the packages' install in the `installing` state: (exit code, why it failed)."""
+        started = time.monotonic()
+        self.say("installing the job's packages on the cluster ...")
+        with (self.run_dir / OUTPUT).open("ab") as out:
+            self.child = subprocess.Popen(
+                ["sh", self.install_script], stdout=out, stderr=subprocess.STDOUT,
+                start_new_session=True,
+            )  # fmt: skip
+            code = self.wait_child()
+        self.child = None
+        if self.cancelled:
+            return None, "cancelled while installing"
+        if code != 0:
+            return (
+                code,
+                f"installing the job's packages failed (exit {code}); see `trainstack logs`",
+            )
+        self.say(f"packages installed in {time.monotonic() - started:.1f} s")
+        return 0, ""
+
     def run(self) -> int:
         signal.signal(signal.SIGTERM, self.on_term)
         signal.signal(signal.SIGINT, self.on_term)
-        write_record(
-            self.run_dir, state="queued", host=socket.gethostname(), pid=os.getpid(),
-            heartbeat=time.time(),
-        )  # fmt: skip
-        beat = threading.Thread(target=self.heartbeat, daemon=True)
-        beat.start()
-        self.lock.parent.mkdir(parents=True, exist_ok=True)
-        with self.lock.open("a") as lock_fh:
-            try:
+        phase = "installing" if self.install_script else "queued"
+        # A SIGTERM while no child runs raises CancelledError wherever the runner is, even
+        # right after it started: the job ends `cancelled`, never half-recorded.
+        try:
+            write_record(
+                self.run_dir, state=phase, host=socket.gethostname(), pid=os.getpid(),
+                heartbeat=time.time(),
+            )  # fmt: skip
+            beat = threading.Thread(target=self.heartbeat, daemon=True)
+            beat.start()
+            if self.install_script:
+                code, why = self.install()
+                if why:
+                    return self.finish(code, why)
+                phase = "queued"
+                write_record(self.run_dir, state=phase)
+            self.lock.parent.mkdir(parents=True, exist_ok=True)
+            with self.lock.open("a") as lock_fh:
                 self.wait_turn(lock_fh)
-            except CancelledError:
-                return self.finish(None, "cancelled while queued")
-            write_record(self.run_dir, state="running", started_at=time.time())
-            with (self.run_dir / OUTPUT).open("ab") as out:
-                self.child = subprocess.Popen(
-                    self.command, stdout=out, stderr=subprocess.STDOUT, start_new_session=True
-                )
-                code = self.wait_child()
+                write_record(self.run_dir, state="running", started_at=time.time())
+                with (self.run_dir / OUTPUT).open("ab") as out:
+                    self.child = subprocess.Popen(
+                        self.command, stdout=out, stderr=subprocess.STDOUT,
+                        start_new_session=True,
+                    )  # fmt: skip
+                    code = self.wait_child()
+        except CancelledError:
+            return self.finish(None, f"cancelled while {phase}")
         return self.finish(code, "")
 
     def wait_child(self) -> int:
@@ -249,18 +292,19 @@ def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     parser = argparse.ArgumentParser(
         prog="python -m trainstack_training.runner",
-        usage="%(prog)s RUN_DIR --lock FILE [--epochs N] -- COMMAND ...",
+        usage="%(prog)s RUN_DIR --lock FILE [--epochs N] [--install SCRIPT] -- COMMAND ...",
     )
     parser.add_argument("run_dir")
     parser.add_argument("--lock", required=True)
     parser.add_argument("--epochs", type=int, default=0)
+    parser.add_argument("--install", default="", help="the packages' install script")
     if "--" not in argv or argv.index("--") == len(argv) - 1:
         parser.error("no command after --")
     split = argv.index("--")
     args = parser.parse_args(argv[:split])
     run_dir = Path(args.run_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
-    return Runner(run_dir, Path(args.lock), argv[split + 1 :], args.epochs).run()
+    return Runner(run_dir, Path(args.lock), argv[split + 1 :], args.epochs, args.install).run()
 
 
 if __name__ == "__main__":
