@@ -17,13 +17,14 @@ import pulumi
 from infra import config as stack_config
 from infra.components.provisioning import Provisioning, ProvisioningArgs, tree_digest
 from infra.components.training import Training, TrainingArgs
+from infra.config.values import PROJECT_DIR
 from infra.jobs import JobDirError, envs, pack
 from infra.jobs.envs import Env, EnvError
 from infra.targets import docker as docker_target
 from infra.targets import ssh as ssh_target
 from infra.targets.base import ClusterOutputs, TargetArgs
 
-ROOT = stack_config.PROJECT_DIR
+ROOT = PROJECT_DIR
 # The driver runs beside an executor on the submitting worker: keep its heap small.
 DRIVER_MEMORY_CONF = "spark.driver.memory=512m"
 # The job's JVMs (driver and executors live only as long as the job) compile with C1 only: on

@@ -34,7 +34,7 @@ from typing import Any
 
 from trainstack_training.ranklog import RANK_LOG
 
-from infra.config import PROJECT_DIR
+from infra.config.values import PROJECT_DIR
 from infra.jobs import envs
 from infra.jobs.envs import EnvError
 from infra.jobs.package import JobDirError, Packed, pack

@@ -37,7 +37,9 @@ from pulumi.dynamic import (
     UpdateResult,
 )
 
-from infra.config import Server, StackConfig, parse_size
+from infra.config import StackConfig
+from infra.config.servers import Server, parse_servers
+from infra.config.values import parse_size
 from infra.errors import UserFacingError, short_provider_errors
 from infra.topology import NodeSpec
 
@@ -228,8 +230,6 @@ def write_known_hosts(path: Path, lines: list[str]) -> None:
 
 
 def _server_from_env() -> Server:
-    from infra.config import parse_servers
-
     servers, errors = parse_servers([json.loads(os.environ[SERVER_ENV])])
     if errors or not servers:
         raise SshTargetError("; ".join(errors) or "no server given")
@@ -308,8 +308,6 @@ def main(argv: list[str] | None = None) -> int:
 def reprobe(props: dict[str, Any]) -> dict[str, Any]:
     """The facts of a recorded server, read again over SSH, trusting only its recorded keys."""
     import tempfile
-
-    from infra.config import parse_servers
 
     record = json.loads(props["server"])
     servers, errors = parse_servers([record])

@@ -7,7 +7,8 @@ import json
 import pytest
 
 from infra import topology
-from infra.config import Server, StackConfig
+from infra.config import StackConfig
+from infra.config.servers import Server
 from infra.targets import ssh
 
 pytestmark = pytest.mark.unit
