@@ -32,7 +32,7 @@ def run_stack_job(container: str, master: str, args: list[str], conf: str, run: 
     The job is the stack's default, examples/digits, which `pulumi up` shipped to the cluster.
     Returns the job's summary line; exits with its output when the job fails."""
     from infra.components.training import JOBS_DIR, NODE_ENV, NODE_VENV
-    from infra.config import PROJECT_DIR
+    from infra.config.values import PROJECT_DIR
     from infra.jobs import pack
 
     command = [

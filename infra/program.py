@@ -18,6 +18,7 @@ from trainstack_training.config import DIGITS
 from infra import config as stack_config
 from infra.components.provisioning import Provisioning, ProvisioningArgs, tree_digest
 from infra.components.training import JOBS_DIR, Training, TrainingArgs
+from infra.config.values import PROJECT_DIR
 from infra.jobs import JobDirError, envs, pack
 from infra.jobs.envs import EnvError
 from infra.targets import docker as docker_target
@@ -27,7 +28,7 @@ from infra.targets.base import ClusterOutputs, TargetArgs
 if TYPE_CHECKING:
     from trainstack_training.job import JobSpec
 
-ROOT = stack_config.PROJECT_DIR
+ROOT = PROJECT_DIR
 # The driver runs beside an executor on the submitting worker: keep its heap small.
 DRIVER_MEMORY_CONF = "spark.driver.memory=512m"
 # The job's JVMs (driver and executors live only as long as the job) compile with C1 only: on

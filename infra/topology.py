@@ -10,7 +10,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from infra.config import ROLES, Server, StackConfig
+from infra.config import StackConfig
+from infra.config.servers import ROLES, Server
 
 SPARK_MASTER_PORT = 7077
 SPARK_MASTER_UI_PORT = 8080

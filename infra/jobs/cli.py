@@ -35,7 +35,7 @@ from typing import Any
 from trainstack_training.ranklog import RANK_LOG
 from trainstack_training.runner import INSTALL_SCRIPT
 
-from infra.config import PROJECT_DIR
+from infra.config.values import PROJECT_DIR
 from infra.jobs import envs
 from infra.jobs.envs import EnvError
 from infra.jobs.package import JobDirError, Packed, pack

@@ -17,7 +17,7 @@ import urllib.request
 from pathlib import Path
 from typing import Any
 
-from infra.config import parse_duration
+from infra.config.values import parse_duration
 
 PLOT_FILE = "utilisation.png"
 CPU_QUERY = "sum by (node) (rate(namedprocess_namegroup_cpu_seconds_total[{window}]))"

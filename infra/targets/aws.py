@@ -15,7 +15,9 @@ import pulumi
 import pulumi_aws as aws
 
 from infra import topology
-from infra.config import Server, StackConfig, require_aws
+from infra.config import StackConfig
+from infra.config.aws import require_aws
+from infra.config.servers import Server
 from infra.topology import NodeSpec
 
 # Debian's own account publishes the official Debian 12 ("bookworm") AMIs; their login

@@ -2,7 +2,8 @@
 
 import pytest
 
-from infra.config import ConfigError, StackConfig, parse_size
+from infra.config import ConfigError, StackConfig
+from infra.config.values import parse_size
 
 pytestmark = pytest.mark.unit
 

@@ -3,7 +3,8 @@
 import pytest
 
 from infra import monitoring, topology
-from infra.config import ConfigError, StackConfig, parse_duration
+from infra.config import ConfigError, StackConfig
+from infra.config.values import parse_duration
 
 pytestmark = pytest.mark.unit
 

@@ -7,7 +7,8 @@ import json
 import pytest
 
 from infra import topology
-from infra.config import ConfigError, Server, StackConfig, parse_servers, server_list_errors
+from infra.config import ConfigError, StackConfig
+from infra.config.servers import Server, parse_servers, server_list_errors
 
 pytestmark = pytest.mark.unit
 

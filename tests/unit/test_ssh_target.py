@@ -7,8 +7,12 @@ import json
 import pytest
 
 from infra import topology
-from infra.config import Server, StackConfig
+from infra.config import StackConfig
+from infra.config.servers import Server
 from infra.targets import ssh
+from infra.targets.ssh import cli as ssh_cli
+from infra.targets.ssh import facts as ssh_facts
+from infra.targets.ssh import known_hosts as ssh_known_hosts
 
 pytestmark = pytest.mark.unit
 
@@ -38,14 +42,14 @@ def server(**changes) -> Server:
 
 
 def test_facts_are_read_from_the_probe_output():
-    facts = ssh.parse_facts(FACTS)
+    facts = ssh_facts.parse_facts(FACTS)
     assert (facts.os_id, facts.os_version, facts.cores) == ("debian", "12", 4)
     assert facts.memory_bytes == 8000000 * 1024
     assert facts.become and facts.python3 == "/usr/bin/python3"
 
 
 def test_a_fitting_server_has_no_errors():
-    assert ssh.fit_errors(server(), ssh.parse_facts(FACTS), 2 * 2**30) == []
+    assert ssh_facts.fit_errors(server(), ssh_facts.parse_facts(FACTS), 2 * 2**30) == []
 
 
 @pytest.mark.parametrize(
@@ -61,7 +65,7 @@ def test_a_fitting_server_has_no_errors():
 def test_a_server_that_does_not_fit_is_named_with_the_reason(line, fragment):
     key = line.split("=", 1)[0]
     text = "\n".join(x for x in FACTS.splitlines() if not x.startswith(key + "=")) + "\n" + line
-    errors = ssh.fit_errors(server(), ssh.parse_facts(text), 2 * 2**30)
+    errors = ssh_facts.fit_errors(server(), ssh_facts.parse_facts(text), 2 * 2**30)
     assert any(fragment in e for e in errors), errors
 
 
@@ -76,13 +80,15 @@ def test_the_facts_connection_records_a_new_key_but_refuses_a_changed_one(tmp_pa
     for transport in (first, later):
         assert "StrictHostKeyChecking=no" not in transport.ssh_options()
         assert f"UserKnownHostsFile={known}" in transport.ssh_options()
-    assert ssh.known_hosts_entry(server(port=2222)) == "[192.0.2.20]:2222"
-    assert ssh.known_hosts_entry(server()) == "192.0.2.20"
+    assert ssh_known_hosts.known_hosts_entry(server(port=2222)) == "[192.0.2.20]:2222"
+    assert ssh_known_hosts.known_hosts_entry(server()) == "192.0.2.20"
 
 
 def test_known_hosts_holds_exactly_the_recorded_keys_with_a_tight_mode(tmp_path):
     path = tmp_path / "ssh" / "known_hosts"
-    ssh.write_known_hosts(path, ["b ssh-ed25519 BBBB", "a ssh-ed25519 AAAA", "a ssh-ed25519 AAAA"])
+    ssh_known_hosts.write_known_hosts(
+        path, ["b ssh-ed25519 BBBB", "a ssh-ed25519 AAAA", "a ssh-ed25519 AAAA"]
+    )
     assert path.read_text() == "a ssh-ed25519 AAAA\nb ssh-ed25519 BBBB\n"
     assert path.stat().st_mode & 0o777 == 0o600
 
@@ -90,19 +96,19 @@ def test_known_hosts_holds_exactly_the_recorded_keys_with_a_tight_mode(tmp_path)
 def test_a_server_still_listed_at_the_same_address_is_not_torn_down(tmp_path, monkeypatch):
     current = tmp_path / "servers.json"
     current.write_text(json.dumps([{"name": "renamed", "address": "192.0.2.20", "port": 22}]))
-    monkeypatch.setenv(ssh.CURRENT_ENV, str(current))
-    assert "still listed, as renamed" in ssh.teardown(server(), tmp_path / "kh", tmp_path / "a")
+    monkeypatch.setenv(ssh_cli.CURRENT_ENV, str(current))
+    assert "still listed, as renamed" in ssh_cli.teardown(server(), tmp_path / "kh", tmp_path / "a")
     # Listed under its own name (the last `up`'s list, as `pulumi destroy` sees it): removed.
     current.write_text(json.dumps([{"name": "wrk-1", "address": "192.0.2.20", "port": 22}]))
-    assert ssh._renamed(server()) == ""
+    assert ssh_cli._renamed(server()) == ""
 
 
 def test_the_cli_reports_an_unreachable_server_in_one_line(tmp_path, monkeypatch, capsys):
     record = server(address="127.0.0.1", port=1).as_dict()
     record["privateKeyFile"] = ""
-    monkeypatch.setenv(ssh.SERVER_ENV, json.dumps(record))
-    monkeypatch.setenv(ssh.KNOWN_HOSTS_ENV, str(tmp_path / "known_hosts"))
-    assert ssh.main(["facts"]) == 1
+    monkeypatch.setenv(ssh_cli.SERVER_ENV, json.dumps(record))
+    monkeypatch.setenv(ssh_cli.KNOWN_HOSTS_ENV, str(tmp_path / "known_hosts"))
+    assert ssh_cli.main(["facts"]) == 1
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1
     assert err[0].startswith("trainstack: server wrk-1 (deploy@127.0.0.1:1): cannot connect")
@@ -149,10 +155,10 @@ def test_the_teardown_inventory_names_only_the_removed_servers():
 def test_an_unreachable_server_does_not_block_its_removal(tmp_path, monkeypatch, capsys):
     record = server(address="127.0.0.1", port=1).as_dict()
     record["privateKeyFile"] = ""
-    monkeypatch.setenv(ssh.SERVER_ENV, json.dumps(record))
-    monkeypatch.setenv(ssh.KNOWN_HOSTS_ENV, str(tmp_path / "known_hosts"))
-    monkeypatch.delenv(ssh.CURRENT_ENV, raising=False)
-    assert ssh.main(["teardown"]) == 0
+    monkeypatch.setenv(ssh_cli.SERVER_ENV, json.dumps(record))
+    monkeypatch.setenv(ssh_cli.KNOWN_HOSTS_ENV, str(tmp_path / "known_hosts"))
+    monkeypatch.delenv(ssh_cli.CURRENT_ENV, raising=False)
+    assert ssh_cli.main(["teardown"]) == 0
     err = capsys.readouterr().err
     assert "server wrk-1 (deploy@127.0.0.1:1): cannot be reached (" in err
     assert "trainstack's files stay on it" in err
@@ -217,7 +223,9 @@ def test_a_refresh_names_a_server_that_cannot_be_reached(monkeypatch, tmp_path):
     key.chmod(0o600)
 
     def unreachable(target, *a, **k):
-        raise ssh.SshTargetError(f"{ssh.describe(target)}: cannot connect over SSH: timed out")
+        raise ssh_facts.SshTargetError(
+            f"{ssh_facts.describe(target)}: cannot connect over SSH: timed out"
+        )
 
     monkeypatch.setattr(ssh, "probe", unreachable)
     with pytest.raises(ssh.UserFacingError, match=r"^trainstack: server wrk-1 \(deploy@"):

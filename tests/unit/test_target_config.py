@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from infra.config import ConfigError, StackConfig, require_aws
+from infra.config import ConfigError, StackConfig
+from infra.config.aws import require_aws
 
 pytestmark = pytest.mark.unit
 

@@ -13,15 +13,20 @@ Host keys: the first contact records the server's key in the stack's known_hosts
 (`.artifacts/<stack>/ssh/known_hosts`); the facts keep it in the state, and every later
 connection (Ansible, the training launch) checks against what `up` recorded.
 
-The command line of this module is what those resources run:
-`python -m infra.targets.ssh facts|teardown` with the server in the environment.
+This package, by concept: the resources are here (`SshCluster`, the ComponentResource, and
+`ServerProbe`); `facts` is the probe (connect, read the facts, check the fit);
+`known_hosts` the host keys and the files that record them; `cli` is what each server's
+command runs, as `python -m infra.targets.ssh facts|teardown` (`__main__`), with the server
+in the environment.
+
+Two names are in the stacks' state and must stay: `python -m infra.targets.ssh` (each
+command's delete runs the recorded line) and `infra.targets.ssh._ProbeProvider` (the
+dynamic provider is pickled by reference; refresh and destroy load it from the state).
 """
 
 from __future__ import annotations
 
 import json
-import os
-import subprocess
 import sys
 from dataclasses import dataclass
 from pathlib import Path
@@ -37,279 +42,31 @@ from pulumi.dynamic import (
     UpdateResult,
 )
 
-from infra.config import Server, StackConfig, parse_size
+from infra.config import StackConfig
+from infra.config.servers import parse_servers
 from infra.errors import UserFacingError, short_provider_errors
+from infra.targets.ssh.cli import (
+    ARTIFACTS_ENV,
+    CURRENT_ENV,
+    KNOWN_HOSTS_ENV,
+    MIN_MEMORY_ENV,
+    SERVER_ENV,
+)
+from infra.targets.ssh.facts import SshTargetError, probe
+from infra.targets.ssh.known_hosts import write_known_hosts
 from infra.topology import NodeSpec
 
 if TYPE_CHECKING:
     from infra.targets.base import TargetArgs
-    from infra.transport import SshTransport
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 
 short_provider_errors()
-
-SERVER_ENV = "TRAINSTACK_SERVER"  # the server record (JSON, the config key's spelling)
-KNOWN_HOSTS_ENV = "TRAINSTACK_KNOWN_HOSTS"
-MIN_MEMORY_ENV = "TRAINSTACK_MIN_MEMORY"  # bytes the server's role needs
-CURRENT_ENV = "TRAINSTACK_CURRENT_SERVERS"  # file: the servers of the running `up`
-ARTIFACTS_ENV = "TRAINSTACK_TEARDOWN_ARTIFACTS"
-# The roles are written for Debian 12 (roles/common/vars/Debian.yml, Debian's packages).
-SUPPORTED_OS = (("debian", "12"),)
-MIN_FREE_DISK = parse_size("4g")  # Java, Spark, TensorFlow and the wheels: about 3 GB
-FACTS_SCRIPT = r"""
-. /etc/os-release 2>/dev/null
-echo "os_id=${ID:-unknown}"
-echo "os_version=${VERSION_ID:-unknown}"
-echo "os_name=${PRETTY_NAME:-unknown}"
-echo "cores=$(nproc 2>/dev/null || echo 0)"
-echo "memory_kb=$(awk '/^MemTotal:/ {print $2}' /proc/meminfo 2>/dev/null || echo 0)"
-echo "disk_free_kb=$(df -Pk / 2>/dev/null | awk 'NR == 2 {print $4}')"
-echo "python3=$(command -v python3 || true)"
-if [ "$(id -u)" = 0 ] || sudo -n true 2>/dev/null; then echo "become=yes"; else echo "become=no"; fi
-"""
-
-
-class SshTargetError(Exception):
-    """A server cannot be used; the message names it and says why in one line."""
-
-
-@dataclass(frozen=True)
-class Facts:
-    os_id: str
-    os_version: str
-    os_name: str
-    cores: int
-    memory_bytes: int
-    disk_free_bytes: int
-    python3: str
-    become: bool
-
-    def as_dict(self) -> dict[str, Any]:
-        return {
-            "os": self.os_name,
-            "os_id": self.os_id,
-            "os_version": self.os_version,
-            "cores": self.cores,
-            "memory_bytes": self.memory_bytes,
-            "disk_free_bytes": self.disk_free_bytes,
-        }
-
-
-def known_hosts_entry(server: Server) -> str:
-    """How OpenSSH names the server in known_hosts."""
-    return server.address if server.port == 22 else f"[{server.address}]:{server.port}"
-
-
-def server_transport(
-    server: Server, known_hosts: Path, *, first_contact: bool = False
-) -> SshTransport:
-    """How trainstack reaches `server`: its login, checked against `known_hosts`."""
-    from infra.transport import SshTransport
-
-    return SshTransport(
-        server.name,
-        server.address,
-        server.port,
-        server.user,
-        server.private_key_file,
-        str(known_hosts),
-        first_contact=first_contact,
-    )
-
-
-def describe(server: Server) -> str:
-    return f"server {server.name} ({server.user}@{server.address}:{server.port})"
-
-
-def parse_facts(text: str) -> Facts:
-    values = dict(line.split("=", 1) for line in text.splitlines() if "=" in line)
-
-    def number(key: str) -> int:
-        try:
-            return int(values.get(key, "0") or 0)
-        except ValueError:
-            return 0
-
-    return Facts(
-        os_id=values.get("os_id", "unknown"),
-        os_version=values.get("os_version", "unknown"),
-        os_name=values.get("os_name", "unknown"),
-        cores=number("cores"),
-        memory_bytes=number("memory_kb") * 1024,
-        disk_free_bytes=number("disk_free_kb") * 1024,
-        python3=values.get("python3", ""),
-        become=values.get("become") == "yes",
-    )
-
-
-def fit_errors(server: Server, facts: Facts, min_memory: int) -> list[str]:
-    """Why `server` cannot run its roles, one sentence each."""
-    errors = []
-    if (facts.os_id, facts.os_version) not in SUPPORTED_OS:
-        allowed = ", ".join(f"{i} {v}" for i, v in SUPPORTED_OS)
-        errors.append(f"runs {facts.os_name}; the roles support {allowed}")
-    if facts.memory_bytes < min_memory:
-        errors.append(
-            f"has {facts.memory_bytes / 2**30:.1f} GiB of memory; its roles "
-            f"({', '.join(server.roles)}) need at least {min_memory / 2**30:.1f} GiB"
-        )
-    if facts.disk_free_bytes < MIN_FREE_DISK:
-        errors.append(
-            f"has {facts.disk_free_bytes / 2**30:.1f} GiB free on /; the install needs "
-            f"{MIN_FREE_DISK / 2**30:.0f} GiB"
-        )
-    if not facts.python3:
-        errors.append("has no python3, which Ansible needs: apt-get install python3")
-    if not facts.become:
-        errors.append(f"user {server.user} cannot sudo without a password, which the roles need")
-    return errors
-
-
-def probe(
-    server: Server, known_hosts: Path, min_memory: int, *, first_contact: bool = True
-) -> dict[str, Any]:
-    """Connect, read the facts, check the fit, return the facts with the recorded host key.
-
-    `first_contact`: a server not yet in `known_hosts` is accepted and its key recorded;
-    without it only the keys already in `known_hosts` are trusted."""
-    from infra.transport import TransportError, one_line
-
-    known_hosts.parent.mkdir(parents=True, exist_ok=True)
-    known_hosts.touch(mode=0o600, exist_ok=True)
-    transport = server_transport(server, known_hosts, first_contact=first_contact)
-    try:
-        code, out = transport.run(["sh", "-c", FACTS_SCRIPT])
-    except TransportError as exc:
-        raise SshTargetError(
-            f"{describe(server)}: cannot connect over SSH: {exc.reason or exc}"
-        ) from None
-    text = out.decode(errors="replace")
-    if code != 0:
-        said = one_line(text) or "no output"
-        raise SshTargetError(f"{describe(server)}: the facts script failed: {said}")
-    facts = parse_facts(text)
-    errors = fit_errors(server, facts, min_memory)
-    if errors:
-        raise SshTargetError(f"{describe(server)} does not fit: " + "; ".join(errors))
-    keys = host_keys(server, known_hosts)
-    # The server's own copy: its teardown needs the key after `up` has dropped the server
-    # from the stack's file (which holds the listed servers only).
-    write_known_hosts(own_known_hosts(server, known_hosts), keys)
-    return {**facts.as_dict(), "host_keys": keys}
-
-
-def own_known_hosts(server: Server, known_hosts: Path) -> Path:
-    """The known_hosts file with only `server`'s recorded keys, beside the stack's."""
-    return known_hosts.parent / "hosts" / f"{server.name}-{server.address}-{server.port}"
-
-
-def host_keys(server: Server, known_hosts: Path) -> list[str]:
-    """The known_hosts lines recorded for `server`."""
-    proc = subprocess.run(
-        ["ssh-keygen", "-F", known_hosts_entry(server), "-f", str(known_hosts)],
-        capture_output=True,
-        text=True,
-    )
-    return sorted(
-        line.strip()
-        for line in proc.stdout.splitlines()
-        if line.strip() and not line.startswith("#")
-    )
-
-
-def write_known_hosts(path: Path, lines: list[str]) -> None:
-    """known_hosts with exactly the recorded keys (mode 0600), replacing what was there."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    temporary = path.with_suffix(".tmp")
-    temporary.write_text("".join(f"{line}\n" for line in sorted(set(lines))))
-    temporary.chmod(0o600)
-    temporary.replace(path)
-
-
-def _server_from_env() -> Server:
-    from infra.config import parse_servers
-
-    servers, errors = parse_servers([json.loads(os.environ[SERVER_ENV])])
-    if errors or not servers:
-        raise SshTargetError("; ".join(errors) or "no server given")
-    return servers[0]
-
-
-def _renamed(server: Server) -> str:
-    """The name under which the running `up` lists a server at the same address and port
-    ("" when none other does): a renamed server, whose teardown would undo its new install.
-    `pulumi destroy` does not run the program, so the file is the last `up`'s list, where
-    the server has its own name."""
-    current = os.environ.get(CURRENT_ENV, "")
-    try:
-        listed = json.loads(Path(current).read_text()) if current else []
-    except (OSError, ValueError):
-        return ""
-    for entry in listed:
-        same = entry.get("address") == server.address and int(entry.get("port") or 22) == (
-            server.port
-        )
-        if same and entry.get("name") != server.name:
-            return str(entry.get("name"))
-    return ""
-
-
-def teardown(server: Server, known_hosts: Path, artifacts: Path) -> str:
-    """Run playbooks/teardown.yml on `server`; returns a one-line summary."""
-    from infra import topology
-    from infra.provisioning.runner import run_playbook
-
-    renamed = _renamed(server)
-    if renamed:
-        return f"{describe(server)}: still listed, as {renamed}; nothing removed"
-    own = own_known_hosts(server, known_hosts)
-    if own.exists():
-        known_hosts = own
-    # A server that is gone (or reinstalled: its host key changed) must not block its
-    # removal from the stack: nothing can be removed from it, and the user is told so.
-    why = server_transport(server, known_hosts).unavailable()
-    if why:
-        return f"{describe(server)}: cannot be reached ({why}); trainstack's files stay on it"
-    result = run_playbook(
-        topology.teardown_inventory([server], known_hosts),
-        "teardown.yml",
-        artifacts_dir=artifacts,
-        mitogen=False,
-    )
-    if not result.ok:
-        raise SshTargetError(
-            f"{describe(server)}: the teardown playbook failed ({result.status}); see {artifacts}"
-        )
-    own.unlink(missing_ok=True)
-    return f"{describe(server)}: trainstack removed"
-
-
-def main(argv: list[str] | None = None) -> int:
-    args = sys.argv[1:] if argv is None else argv
-    if args not in (["facts"], ["teardown"]):
-        print("usage: python -m infra.targets.ssh facts|teardown (server in the environment)")
-        return 2
-    try:
-        server = _server_from_env()
-        known_hosts = Path(os.environ[KNOWN_HOSTS_ENV])
-        if args == ["facts"]:
-            facts = probe(server, known_hosts, int(os.environ.get(MIN_MEMORY_ENV) or 0))
-            print(json.dumps(facts, sort_keys=True))
-        else:
-            artifacts = Path(os.environ.get(ARTIFACTS_ENV) or known_hosts.parent / "teardown")
-            print(teardown(server, known_hosts, artifacts), file=sys.stderr)
-    except (SshTargetError, KeyError, ValueError, OSError) as exc:
-        print(f"trainstack: {exc}", file=sys.stderr)
-        return 1
-    return 0
 
 
 def reprobe(props: dict[str, Any]) -> dict[str, Any]:
     """The facts of a recorded server, read again over SSH, trusting only its recorded keys."""
     import tempfile
-
-    from infra.config import parse_servers
 
     record = json.loads(props["server"])
     servers, errors = parse_servers([record])
@@ -537,7 +294,3 @@ class SshCluster(pulumi.ComponentResource):
         lines = [line for f in facts.values() for line in f.get("host_keys", [])]
         if lines:
             write_known_hosts(self.known_hosts, lines)
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -1,0 +1,143 @@
+"""`StackValues`: every key of the `trainstack:` namespace with its default, and the values
+derived from them. Plain data: reading the keys and checking them is `infra.config`'s
+`StackConfig` (this class with `from_mapping` and `validate`), the checks are
+`infra.config.checks`."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from infra.config.servers import Server
+from infra.config.values import PROJECT_DIR, parse_duration, parse_size
+
+# trainstack:monitoringPort -1 (the default) puts Prometheus's UI at uiPortBase + this: 19090.
+MONITORING_PORT_OFFSET = 1010
+
+
+@dataclass(frozen=True)
+class StackValues:
+    """Every key of the `trainstack:` namespace, with its default (`StackConfig` reads them
+    from the stack and checks them).
+
+    Defaults fit the whole local stack in 2 cores and 8 GiB: 3 x (0.3 CPU, 1 GiB) control
+    nodes and 2 x (0.55 CPU, 2 GiB) workers.
+    """
+
+    control_nodes: int = 3
+    masters: int = 2
+    workers: int = 2
+    control_cpus: float = 0.3
+    control_memory: str = "1g"
+    worker_cpus: float = 0.55
+    worker_memory: str = "2g"
+    worker_spark_cores: int = 1
+    worker_spark_memory: str = "1g"
+    base_image: str = "debian:bookworm"
+    bake_image: bool = True
+    image_repository: str = "trainstack-node"
+    name_prefix: str = "trainstack"
+    bind_address: str = "127.0.0.1"
+    ui_port_base: int = 18080
+    retain_data: bool = False
+    wheelhouse: str = "~/.cache/trainstack/wheelhouse"
+    provision: bool = True
+    provision_cpu_boost: bool = True
+    provision_mitogen: bool = True
+    train: bool = True
+    # The job (docs/jobs.md): a directory with trainstack.toml and the user's code, relative to
+    # the project directory or absolute, and a JSON object of parameters over its [params].
+    job: str = "examples/digits"
+    job_params: str = ""
+    train_epochs: int = 10
+    train_workers: int = 0
+    train_batch_size: int = 32
+    # "" (not set): the job's manifest names the data set, else the digits (program.job_data).
+    train_data: str = ""
+    train_rows: int = 0
+    train_strategy: str = "multi-worker"
+    retrain: str = ""
+    # Monitoring (docs/monitoring.md): Prometheus on the first control node.
+    monitoring: bool = True
+    monitoring_port: int = -1  # -1: uiPortBase + 1010 (19090), or 0 when uiPortBase is 0
+    monitoring_retention: str = "2d"
+    monitoring_scrape_interval: str = "5s"
+    monitoring_alert_for: str = "1m"
+    monitoring_progress_timeout: str = "10m"
+    # Targets (docs/targets.md): only docker is selectable.
+    target: str = "docker"
+    servers: tuple[Server, ...] = ()  # the ssh target's server list
+    # The aws target, on paper: tested under Pulumi's mocks only.
+    aws_region: str = "us-east-1"
+    aws_operator_cidr: str = ""
+    aws_control_instance_type: str = "t3.medium"
+    aws_worker_instance_type: str = "m6i.xlarge"
+    aws_public_key: str = ""
+    aws_private_key_file: str = ""
+    aws_data_volume_gb: int = 50
+    # Security (docs/security.md).
+    spark_network_crypto: bool = True  # AES-based RPC and block transfer encryption
+    spark_io_encryption: bool = False  # encrypt shuffle and spill files on the nodes' disks
+    rotate_secrets: str = ""  # a new token makes new cluster secrets on the next `up`
+
+    # Derived values -------------------------------------------------------------
+
+    @property
+    def control_memory_bytes(self) -> int:
+        return parse_size(self.control_memory)
+
+    @property
+    def worker_memory_bytes(self) -> int:
+        return parse_size(self.worker_memory)
+
+    @property
+    def monitoring_host_port(self) -> int:
+        """Host port of Prometheus's UI: as set, or next to the Spark UIs' (engine-picked
+        with them), so stacks that let the engine pick their ports never collide."""
+        if self.monitoring_port != -1:
+            return self.monitoring_port
+        return self.ui_port_base + MONITORING_PORT_OFFSET if self.ui_port_base else 0
+
+    @property
+    def monitoring_progress_timeout_seconds(self) -> int:
+        return int(parse_duration(self.monitoring_progress_timeout))
+
+    @property
+    def job_path(self) -> Path:
+        """The job directory: `job` as an absolute path, or relative to the project."""
+        path = Path(self.job).expanduser()
+        return path if path.is_absolute() else PROJECT_DIR / path
+
+    @property
+    def job_params_dict(self) -> dict[str, Any]:
+        """`job_params` as a dict; ValueError naming the problem when it is not a JSON
+        object."""
+        if isinstance(self.job_params, dict):
+            return dict(self.job_params)
+        text = str(self.job_params or "").strip()
+        if not text:
+            return {}
+        try:
+            value = json.loads(text)
+        except ValueError as exc:
+            raise ValueError(f"{text[:80]!r} is not a JSON object ({exc})") from None
+        if not isinstance(value, dict):
+            raise ValueError(
+                f"{text[:80]!r} is not a JSON object; give name/value pairs, e.g. "
+                '{"learning_rate": 0.01}'
+            )
+        return value
+
+    @property
+    def training_workers(self) -> int:
+        """TensorFlow workers of a run: as configured, or one per worker node; one with the
+        `single` strategy."""
+        if self.train_strategy == "single":
+            return 1
+        if self.train_workers:
+            return self.train_workers
+        if self.target == "ssh":
+            return sum("tensorflow" in s.roles for s in self.servers)
+        return self.workers
