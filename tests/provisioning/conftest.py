@@ -2,8 +2,9 @@
 
 One stack of the real program per session (``tests/support/stacks.Stack``, prefix ``tsprov``):
 the default topology (3 control nodes, 2 masters, 2 workers) without monitoring (its roles are
-checked on the shared stack, tests/platform/test_20_monitoring.py), with ``bakeImage=false`` (the nodes start from the bare base image and provisioning installs
-everything, as on SSH servers) and ``train=false``. Its one ``pulumi up`` is the cold full
+checked on the shared stack, tests/platform/test_20_monitoring.py), with ``bakeImage=false``
+(the nodes start from the bare base image and provisioning installs everything, as on SSH
+servers) and ``train=false``. Its one ``pulumi up`` is the cold full
 install, through the program's inventory (``infra.topology``) and its provisioning resource.
 The re-runs and the fault cases then call ``run_playbook`` directly with the inventory the stack
 exported and the secret the program used, as ``python -m infra.provisioning`` does for the
