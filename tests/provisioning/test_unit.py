@@ -1,5 +1,5 @@
-"""Fast checks without containers: syntax, lint, role variable docs, pins, the program's
-inventory, events."""
+"""Fast checks without containers: syntax, lint, role defaults, pins, the program's inventory,
+events. The role READMEs are checked in tests/unit/test_role_docs.py."""
 
 from __future__ import annotations
 
@@ -86,42 +86,6 @@ def test_role_defaults_prefixed_and_commented(role):
         assert before and (before[-1].startswith("#") or re.match(rf"^{role}_", before[-1])), (
             f"{role}: {m.group(1)} has no comment above it"
         )
-
-
-def _role_table(role: str) -> dict[str, str]:
-    """The rows of the role's table in docs/roles.md (`### <role>`): variable -> default cell."""
-    doc = (REPO / "docs" / "roles.md").read_text()
-    match = re.search(rf"^### {role}\n(.*?)(?=^#{{1,3}} |\Z)", doc, re.M | re.S)
-    assert match, f"docs/roles.md has no section '### {role}'"
-    rows = re.findall(r"^\| `([a-z0-9_]+)` \| (.*?) \| .* \|$", match.group(1), re.M)
-    return dict(rows)
-
-
-def _shown(value) -> str | None:
-    """How docs/roles.md shows a literal scalar default; None for lists, maps and templates."""
-    if isinstance(value, bool):
-        return "`true`" if value else "`false`"
-    if isinstance(value, (int, float)):
-        return f"`{value}`"
-    if isinstance(value, str) and "{{" not in value:
-        return f"`{value}`" if value else "empty"
-    return None
-
-
-@pytest.mark.parametrize("role", ROLES)
-def test_role_variables_documented(role):
-    defaults = _defaults(role)
-    table = _role_table(role)
-    missing = sorted(set(defaults) - set(table))
-    assert not missing, f"{role}: not in docs/roles.md: {missing}"
-    extra = sorted(set(table) - set(defaults))
-    assert not extra, f"{role}: docs/roles.md lists variables the role does not have: {extra}"
-    wrong = {
-        name: (table[name], _shown(value))
-        for name, value in defaults.items()
-        if _shown(value) is not None and table[name] != _shown(value)
-    }
-    assert not wrong, f"{role}: defaults in docs/roles.md (shown, actual): {wrong}"
 
 
 def test_pins_agree_between_wheelhouse_and_roles():
