@@ -47,7 +47,8 @@ def tree_digest(root: Path = ROOT, sources: tuple[str, ...] = SOURCES) -> str:
         for path in paths:
             if not path.is_file() or _SKIP & set(path.relative_to(root).parts):
                 continue
-            if path.suffix in (".pyc", ".egg-info") or ".egg-info" in str(path):
+            # Docs (a role's README.md) change nothing on a node: no re-run for them.
+            if path.suffix in (".pyc", ".egg-info", ".md") or ".egg-info" in str(path):
                 continue
             digest.update(str(path.relative_to(root)).encode() + b"\0")
             digest.update(path.read_bytes() + b"\0")

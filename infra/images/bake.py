@@ -91,9 +91,11 @@ class BakeResult:
 
 
 def _skipped(rel: Path) -> bool:
+    """Build output and docs: a role's README.md changes nothing on a node."""
     return any(p in _SKIP_PARTS or p.endswith(".egg-info") for p in rel.parts) or rel.suffix in {
         ".pyc",
         ".pyo",
+        ".md",
     }
 
 

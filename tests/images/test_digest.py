@@ -79,6 +79,8 @@ def test_input_change_changes_digest(tree, name):
     "name",
     [
         "README.md",
+        "roles/common/README.md",
+        "training/README.md",
         "playbooks/site.yml",
         "infra/topology.py",
         "training/build/lib/x.py",

@@ -144,6 +144,9 @@ def test_content_hash_follows_the_roles(tmp_path):
     (tmp_path / "roles" / "r" / "__pycache__").mkdir()
     (tmp_path / "roles" / "r" / "__pycache__" / "x.pyc").write_bytes(b"1")
     assert tree_digest(tmp_path, ("roles",)) == second
+    # Nor do a role's docs: a README edit re-runs no provisioning.
+    (tmp_path / "roles" / "r" / "README.md").write_text("# r\n")
+    assert tree_digest(tmp_path, ("roles",)) == second
 
 
 def test_inventory_numbers_are_ints_again_after_the_engine():
