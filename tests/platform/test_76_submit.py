@@ -63,19 +63,22 @@ SHIPPED_ROWS = 1000  # the MLP's own data set, shipped with its code
 
 
 def mlp_with_its_own_data(directory: Path) -> Path:
-    """examples/digits with a CSV data set inside the job directory, named by the manifest."""
+    """examples/digits with a Parquet data set inside the job directory, named by the
+    manifest."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
     from trainstack_training.data import digits_arrays
 
     shutil.copytree(EXAMPLES / "digits", directory)
     x, y = digits_arrays()
-    x = x.reshape(len(x), -1)
-    header = ",".join([*(f"f{i}" for i in range(x.shape[1])), "label"])
-    rows = (",".join([*(f"{v:g}" for v in x[i]), str(int(y[i]))]) for i in range(SHIPPED_ROWS))
+    x = x.reshape(len(x), -1)[:SHIPPED_ROWS]
+    columns = {f"f{i}": pa.array(x[:, i].astype("float32")) for i in range(x.shape[1])}
     (directory / "data").mkdir()
-    (directory / "data" / "digits.csv").write_text(header + "\n" + "\n".join(rows) + "\n")
+    table = pa.table({**columns, "label": pa.array(y[:SHIPPED_ROWS].astype("int64"))})
+    pq.write_table(table, directory / "data" / "digits.parquet")
     manifest = directory / "trainstack.toml"
     manifest.write_text(
-        manifest.read_text().replace("[job]\n", '[job]\ndata = "data/digits.csv"\n')
+        manifest.read_text().replace("[job]\n", '[job]\ndata = "data/digits.parquet"\n')
     )
     return directory
 
@@ -128,7 +131,7 @@ def test_the_queued_job_runs_next_with_its_parameters(platform, queued):
     assert record["params"]["hidden_units"] == 64 and record["result"]["epochs"] == 2
     # It trained on its own data set, read from its code's copy on the shared storage.
     assert record["data"].startswith("/srv/trainstack/models/jobs/"), record["data"]
-    assert record["data"].endswith("/data/digits.csv"), record["data"]
+    assert record["data"].endswith("/data/digits.parquet"), record["data"]
     metrics_file = f"/srv/trainstack/models/{second}/metrics.json"
     code, metrics = sh(platform.container("control-3"), f"cat {metrics_file}")
     assert code == 0 and json.loads(metrics)["data_rows"] == SHIPPED_ROWS, metrics[-2000:]

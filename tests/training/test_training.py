@@ -300,10 +300,21 @@ def test_hold_file_freezes_the_run_at_an_epoch_end_until_removed(tmp_path: Path)
     def said(text: str) -> list[str]:
         return [ln for ln in lines if text in ln]
 
+    def times(text: str) -> int:
+        # Counted in the text, not by line: the two workers share the stream, and two
+        # prints at once can land on one line.
+        return sum(ln.count(text) for ln in lines)
+
     def wait_for(what: str, count: int, timeout: float) -> None:
         deadline = time.monotonic() + timeout
-        while len(said(what)) < count:
-            assert proc.poll() is None, f"the job ended before {what!r}:\n" + "\n".join(lines[-40:])
+        while times(what) < count:
+            if proc.poll() is not None:  # ended: read what it wrote last, then judge
+                for t in pumps:
+                    t.join(timeout=10)
+                assert times(what) >= count, f"the job ended before {what!r}:\n" + "\n".join(
+                    lines[-40:]
+                )
+                return
             assert time.monotonic() < deadline, f"no {what!r}:\n" + "\n".join(lines[-40:])
             time.sleep(0.2)
 
