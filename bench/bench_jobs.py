@@ -12,8 +12,9 @@ then, side by side in one run:
 - how long an epoch's line takes to reach `logs -f` (its arrival against the epoch's end,
   `ended_at` in epochs.jsonl; the same clock: the containers share this machine's);
 - a job's own packages (a requirements file, docs/jobs.md): `submit` with a lock new to this
-  machine and the cluster (resolved by pip with empty caches, shipped, installed), then with
-  changed code and the same lock (installs nothing), beside changed code without packages;
+  machine and the cluster (resolved by pip with empty caches, shipped) and the job's time in
+  its `installing` state, then with changed code and the same lock (installs nothing),
+  beside changed code without packages;
 - `cancel` cycles: submit, wait for the first epoch, cancel, then the time until no process of
   the job is left on any worker node, and the processes left after all cycles.
 The stack is destroyed at the end.
@@ -187,9 +188,13 @@ def main() -> None:
             try:
                 job_id, seconds = submit(stack, with_packages(Path(tmp), 100))
                 result["submit_new_packages_s"] = round(seconds, 3)
+                installed = time.monotonic()
+                wait_state(stack, job_id, ("queued", "running", "succeeded", "failed"))
+                result["installing_state_s"] = round(time.monotonic() - installed, 2)
                 cli(stack, "cancel", job_id)
                 job_id, seconds = submit(stack, with_packages(Path(tmp), 101))
                 result["submit_same_packages_changed_code_s"] = round(seconds, 3)
+                result["same_packages_state_after_submit"] = status(stack, job_id).get("state")
                 cli(stack, "cancel", job_id)
             finally:
                 del stack.env["XDG_CACHE_HOME"]
