@@ -11,8 +11,7 @@ The modules run in file order, and each documents what it changes:
   test_20_monitoring   read only: targets, counts, the run's metrics, the utilisation picture
   test_30_security     read only: outsiders refused by Spark and ZooKeeper, no secret in the clear
   test_40_alerts       kills a worker's daemon until its alert fires, then lets it clear
-  test_50_rotation     rotates the secrets (`rotateSecrets`): an `up` stopped with two SIGINTs
-                       mid-provisioning (drill 4a), then the `up` that converges
+  test_50_rotation     rotates the secrets (`rotateSecrets`, one more `up`)
   test_60_scaling      scales the workers 2 -> 3 (the drills need the third)
   test_70_failed_job   a training job that fails, then the fix
   test_80_drills       the failure drills, which kill masters, workers and whole containers
@@ -26,16 +25,14 @@ counting on a large workload to be slow enough.
 from __future__ import annotations
 
 import json
-import os
 import subprocess
-import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
 import pytest
 
-from tests.support.stacks import ROOT, Stack
+from tests.support.stacks import Stack
 
 CONFIG = {
     "uiPortBase": "0",
@@ -52,8 +49,6 @@ DATA = "/srv/trainstack/data"
 # The job's test-only hold hook: while this file exists, the run waits at each epoch's end.
 HOLD_ENV = "TRAINSTACK_TEST_HOLD_FILE"
 HOLD_FILE = f"{MODELS}/.test-hold"
-# The drills' recovery times (test_80_drills, and drill 4a in test_50_rotation).
-DRILLS_REPORT = ROOT / "bench" / "results" / "drills.json"
 
 
 @dataclass
@@ -77,22 +72,6 @@ def platform(tmp_path_factory, engine) -> Iterator[Platform]:
         yield Platform(stack, stack.up())
     finally:
         stack.destroy_and_remove()
-
-
-def record_drill(drill: str, **fields: Any) -> None:
-    """Merge one drill's figures into the JSON report (other drills' entries are kept)."""
-    DRILLS_REPORT.parent.mkdir(parents=True, exist_ok=True)
-    report = json.loads(DRILLS_REPORT.read_text()) if DRILLS_REPORT.exists() else {}
-    commit = subprocess.run(
-        ["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True
-    ).stdout.strip()
-    report[drill] = {
-        **fields,
-        "measured_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-        "commit": commit,
-        "load_average_1m": round(os.getloadavg()[0], 1),
-    }
-    DRILLS_REPORT.write_text(json.dumps(report, indent=2, sort_keys=True) + "\n")
 
 
 def sh(container: str, command: str, user: str = "root", timeout: int = 300) -> tuple[int, str]:

@@ -14,19 +14,20 @@ stack usable for the next:
   6  a corrupted data set (truncated Parquet, CSV rows with the wrong number of fields)
   5  every container of the stack restarted at once
   3  the submitting node (worker-1) is down when training is due
-  4  one SIGINT during training; two SIGINTs during training (the job goes on in its container;
-     the next `up` resumes it). Drill 4a, two SIGINTs during provisioning right after a secret
-     was written and before the daemons restarted, runs in test_50_rotation: it interrupts
-     that module's rotation instead of paying for a rotation of its own.
+  4  two SIGINTs (Ctrl-C twice: Pulumi stops at once) during provisioning, right after a
+     secret was written and before the daemons restarted; one SIGINT during training; two
+     SIGINTs during training (the job goes on in its container; the next `up` resumes it)
 """
 
 from __future__ import annotations
 
 import io
 import json
+import os
 import re
 import signal
 import socket
+import subprocess
 import tarfile
 import time
 import urllib.request
@@ -37,23 +38,42 @@ from typing import Any
 import pytest
 
 from tests.support.stacks import (
+    ROOT,
     TENSORFLOW_PIDS,
     BackgroundUp,
     Stack,
+    processes_naming,
     wait_until,
 )
 
-from .conftest import CONFIG, DATA, MODELS, hold, record_drill, release
+from .conftest import CONFIG, DATA, MODELS, hold, release
 
 pytestmark = pytest.mark.drills
 
 WORKERS = 3  # test_60_scaling added the third
+REPORT = ROOT / "bench" / "results" / "drills.json"
 MASTERS = ("control-1", "control-2")
 CONTROLS = ("control-1", "control-2", "control-3")
 
 
 # --------------------------------------------------------------------------------------------
 # Helpers
+
+
+def record(drill: str, **fields: Any) -> None:
+    """Merge one drill's figures into the JSON report (other drills' entries are kept)."""
+    REPORT.parent.mkdir(parents=True, exist_ok=True)
+    report = json.loads(REPORT.read_text()) if REPORT.exists() else {}
+    commit = subprocess.run(
+        ["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True
+    ).stdout.strip()
+    report[drill] = {
+        **fields,
+        "measured_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        "commit": commit,
+        "load_average_1m": round(os.getloadavg()[0], 1),
+    }
+    REPORT.write_text(json.dumps(report, indent=2, sort_keys=True) + "\n")
 
 
 def container(engine: Any, stack: Stack, node: str) -> Any:
@@ -217,7 +237,7 @@ def test_drill_7_second_up_is_refused_with_the_lock_message(platform, held_up, e
     assert "pulumi cancel" in text  # Pulumi's own hint for a lock left by a killed process
     assert "Traceback" not in text
     assert first.proc.poll() is None, "the first `up` died: " + first.output[-3000:]
-    record_drill(
+    record(
         "7_concurrent_up",
         outcome="refused with Pulumi's lock message; the first `up` went on",
         refused_after_s=round(refused_s, 1),
@@ -269,7 +289,7 @@ def test_drill_1_killed_tensorflow_worker_resumes_from_its_backup(platform, held
     # Resumed from the backup of the last finished epoch, not from the start.
     assert resumed == retried[0]["epoch"] and resumed > 1, metrics["epoch_attempt"]
     assert resumed >= done_before, (resumed, done_before)
-    record_drill(
+    record(
         "1_tensorflow_worker_killed",
         outcome="run finished from its backup",
         killed=f"{node} pid {pid}, after {done_before} finished epoch(s)",
@@ -315,7 +335,7 @@ def test_drill_2_alive_master_killed_mid_training_job_finishes(platform, settled
     assert result["ok"] and result["final_val_accuracy"] >= 0.90, result
     assert result["attempts"] == 1, result  # the job went on, no stage was retried
     back = wait_healthy(engine, stack, timeout=300)
-    record_drill(
+    record(
         "2_alive_master_killed",
         outcome=f"job finished against the standby ({new[0]})",
         killed=f"{old} (container, ZooKeeper member included)",
@@ -374,7 +394,7 @@ def test_drill_6_corrupted_data_fails_naming_file_and_problem(settled, engine, c
     assert stack.outputs()["training"] == outputs_before
     stack.run("preview", "--expect-no-changes")
     message = next(ln for ln in text.splitlines() if problem in ln)
-    record_drill(
+    record(
         f"6_corrupted_data_{case}",
         outcome="job failed before training, naming the file and the problem",
         error=message.strip()[-400:],
@@ -398,7 +418,7 @@ def test_drill_5_every_container_restarted_at_once(settled, engine):
     recovery_s = time.monotonic() - started
     preview = stack.run("preview", "--expect-no-changes", check=False)
     assert preview.returncode == 0, preview.stdout[-3000:]
-    record_drill(
+    record(
         "5_all_containers_restarted",
         outcome="quorum, one ALIVE master, every worker registered; next `up` a no-op",
         restart_calls_s=round(restarted_s, 1),
@@ -427,7 +447,7 @@ def test_drill_3_submitting_node_down_another_worker_submits(settled, engine):
     assert result["submitted_on"] == f"{stack.label}-worker-2", result
     assert result["ok"] and result["final_val_accuracy"] >= 0.90, result
     wait_healthy(engine, stack, timeout=300)
-    record_drill(
+    record(
         "3_submitting_node_down",
         outcome="submitted from worker-2; the run finished on the two live workers",
         down="worker-1 (container stopped)",
@@ -435,6 +455,58 @@ def test_drill_3_submitting_node_down_another_worker_submits(settled, engine):
         recovery_s=0.0,
         recovery_is="no wait: `up` picks the first healthy worker itself",
         final_val_accuracy=round(result["final_val_accuracy"], 4),
+        lost="nothing",
+    )
+
+
+# Prints `stale <program>` for a Spark daemon started before its configuration was last written.
+STALE_SPARK = (
+    "conf=$(find /etc/trainstack/spark -type f -printf '%T@\\n' | sort -n | tail -n 1); "
+    "for prog in spark-master spark-worker; do "
+    "p=$(supervisorctl pid $prog 2>/dev/null); case $p in ''|0|*[!0-9]*) continue;; esac; "
+    "age=$(ps -o etimes= -p $p | tr -d ' '); "
+    "[ $(( $(date +%s) - age + 2 )) -lt ${conf%.*} ] && echo stale $prog; done; true"
+)
+
+
+def test_drill_4_two_sigints_during_provisioning_next_up_converges(settled, engine):
+    """Ctrl-C twice while Ansible runs: Pulumi stops at once and kills its providers. The run
+    is stopped with them (no Ansible process left, CPU limits given back), and the next `up`
+    re-runs provisioning, which restarts the daemons still running the old secret."""
+    stack = settled
+    nodes = engine.containers.list(filters={"label": stack.selector})
+    before = {c.name: (c.id, c.attrs["HostConfig"]["NanoCpus"]) for c in nodes}
+    stack.set_config(rotateSecrets="drill-4")
+    up = BackgroundUp(stack)
+    # The new secret is on the nodes, the restart handlers have not run yet.
+    up.wait_for(r"changed\s+Ensure spark-defaults.conf", timeout=600)
+    interrupted = time.monotonic()
+    code, out = up.stop_at_once()
+    assert code != 0, out[-3000:]
+    stopped_s = time.monotonic() - interrupted
+    artifacts = str(ROOT / ".artifacts" / stack.name)
+    wait_until("no process of the interrupted run", lambda: not processes_naming(artifacts), 30)
+    after = {c.name: (c.id, c.attrs["HostConfig"]["NanoCpus"]) for c in
+             engine.containers.list(filters={"label": stack.selector})}  # fmt: skip
+    assert after == before, (before, after)  # the same servers, their CPU limits given back
+    again = stack.up()
+    recovery_s = time.monotonic() - interrupted
+    text = again.stdout + again.stderr
+    assert "Traceback" not in text
+    wait_healthy(engine, stack, timeout=300)
+    for node in ("control-1", "control-2", *(f"worker-{i}" for i in range(1, WORKERS + 1))):
+        code, stale = sh(engine, stack, node, STALE_SPARK)
+        assert "stale" not in stale, f"{node} runs Spark with an old configuration: {stale}"
+    stack.run("preview", "--expect-no-changes")
+    record(
+        "4a_two_sigints_during_provisioning",
+        outcome="Pulumi stopped at once; the run was stopped with it (no Ansible process left, "
+        "CPU limits given back); the next `up` re-ran provisioning, which restarted the "
+        "daemons still on the old secret; no hand edit",
+        stopped_after_s=round(stopped_s, 1),
+        pending_operations_mentioned="pending" in text,
+        recovery_s=round(recovery_s, 1),
+        recovery_is="from the second SIGINT to the end of the next `up`",
         lost="nothing",
     )
 
@@ -463,7 +535,7 @@ def test_drill_4_sigint_during_training_next_up_converges(platform, settled, eng
     assert result["cluster_run_dir"] == run_dir and result["ok"], result
     assert result["attempts"] == 1 and result["final_val_accuracy"] >= 0.90, result
     stack.run("preview", "--expect-no-changes")
-    record_drill(
+    record(
         "4b_sigint_during_training",
         outcome="the running job finished, Pulumi then cancelled; the next `up` converged "
         "without launching anything (no pending operation, no hand edit)",
@@ -504,7 +576,7 @@ def test_drill_4_two_sigints_during_training_next_up_resumes_the_run(platform, s
     assert epochs.count(1) == 1, epochs
     assert set(epochs) == set(range(1, int(CONFIG["trainEpochs"]) + 1)), epochs
     stack.run("preview", "--expect-no-changes")
-    record_drill(
+    record(
         "4c_two_sigints_during_training",
         outcome="Pulumi stopped at once, the job went on in the container; the next `up` "
         "stopped it and launched the same run, which resumed from its backup",
