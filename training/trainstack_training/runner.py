@@ -115,17 +115,19 @@ class Runner:
         self.cancelled = False
         self.stop_started = 0.0
         self.terminated = False
+        self.interrupted = False  # SIGINT sent to the child
         self.done = threading.Event()
         self.epochs_seen = 0
 
     def on_term(self, signum: int, frame: Any) -> None:
-        del frame
-        if self.child is None:
-            self.cancelled = True
-            raise CancelledError(signum)
+        # Only flags are set here (an exception raised from a handler can land inside any
+        # library call, even Thread.start); the main loop acts on them at safe points.
+        del signum, frame
         if not self.cancelled:
             self.cancelled = True
             self.stop_started = time.monotonic()
+        if self.child is not None and not self.interrupted:
+            self.interrupted = True
             with contextlib.suppress(ProcessLookupError):
                 os.kill(self.child.pid, signal.SIGINT)  # PySpark: cancel the jobs, then stop
 
@@ -150,13 +152,20 @@ class Runner:
                 with contextlib.suppress(ValueError):
                     out.write(epoch_line(json.loads(line), self.epochs))
 
+    def check_cancelled(self) -> None:
+        """A safe point: leave by CancelledError when a SIGTERM came and no child runs."""
+        if self.cancelled:
+            raise CancelledError()
+
     def wait_turn(self, lock_fh: Any) -> None:
         told = ""
         while True:
+            self.check_cancelled()
             ahead = queued_before(self.run_dir)
             if not ahead:
                 try:
                     fcntl.flock(lock_fh, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                    self.check_cancelled()
                     return
                 except BlockingIOError:
                     ahead = ["the job that runs now"]
@@ -175,6 +184,7 @@ class Runner:
         """Run the packages' install in the `installing` state: (exit code, why it failed)."""
         started = time.monotonic()
         self.say("installing the job's packages on the cluster ...")
+        self.check_cancelled()
         with (self.run_dir / OUTPUT).open("ab") as out:
             self.child = subprocess.Popen(
                 ["sh", self.install_script], stdout=out, stderr=subprocess.STDOUT,
@@ -196,8 +206,8 @@ class Runner:
         signal.signal(signal.SIGTERM, self.on_term)
         signal.signal(signal.SIGINT, self.on_term)
         phase = "installing" if self.install_script else "queued"
-        # A SIGTERM while no child runs raises CancelledError wherever the runner is, even
-        # right after it started: the job ends `cancelled`, never half-recorded.
+        # A SIGTERM while no child runs is acted on at the next safe point (check_cancelled),
+        # even right after the start: the job ends `cancelled`, never half-recorded.
         try:
             write_record(
                 self.run_dir, state=phase, host=socket.gethostname(), pid=os.getpid(),
@@ -205,6 +215,7 @@ class Runner:
             )  # fmt: skip
             beat = threading.Thread(target=self.heartbeat, daemon=True)
             beat.start()
+            self.check_cancelled()
             if self.install_script:
                 code, why = self.install()
                 if why:
@@ -215,6 +226,7 @@ class Runner:
             with self.lock.open("a") as lock_fh:
                 self.wait_turn(lock_fh)
                 write_record(self.run_dir, state="running", started_at=time.time())
+                self.check_cancelled()
                 with (self.run_dir / OUTPUT).open("ab") as out:
                     self.child = subprocess.Popen(
                         self.command, stdout=out, stderr=subprocess.STDOUT,
@@ -233,6 +245,10 @@ class Runner:
                     return self.child.wait(timeout=0.5)
                 except subprocess.TimeoutExpired:
                     if self.cancelled:
+                        if not self.interrupted:  # the SIGTERM came just before the start
+                            self.interrupted = True
+                            with contextlib.suppress(ProcessLookupError):
+                                os.kill(self.child.pid, signal.SIGINT)
                         self.escalate()
         finally:
             # What is left of the job's process group once its driver has gone (the JVM
