@@ -343,9 +343,9 @@ def _params(pairs: Sequence[str]) -> dict[str, Any]:
 
 def _data(value: str) -> str:
     """--data, checked: what the cluster reads as it is (a path here means nothing there)."""
-    from trainstack_training.job import DATA_SCHEMES, DIGITS
+    from trainstack_training.job import DATA_SCHEMES, read_where_it_is
 
-    if value == DIGITS or value.startswith(("/", *DATA_SCHEMES)):
+    if read_where_it_is(value):
         return value
     raise CliError(
         f"--data {value!r}: give digits, an absolute path on the cluster's storage, or a URL "

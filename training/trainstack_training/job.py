@@ -223,7 +223,7 @@ def _check_data(directory: Path, data: Any) -> str:
             f'{MANIFEST}: [job] data = {data!r}: give "digits", a path inside the job '
             "directory, or an absolute path or URL the cluster reads",
         )
-    if data == DIGITS or data.startswith(DATA_SCHEMES) or data.startswith("/"):
+    if read_where_it_is(data):
         return data
     if "://" in data:
         raise _fail(
@@ -243,10 +243,15 @@ def _check_data(directory: Path, data: Any) -> str:
     return data
 
 
+def read_where_it_is(data: str) -> bool:
+    """`data` names what the cluster reads as it is: the digits, an absolute path or a URL."""
+    return data == DIGITS or data.startswith(("/", *DATA_SCHEMES))
+
+
 def data_location(spec: JobSpec, cluster_job_dir: str) -> str:
     """Where the cluster reads the manifest's data set ("" when it names none): a path inside
     the job directory becomes that path under the code's copy on the shared storage."""
-    if not spec.data or spec.data == DIGITS or spec.data.startswith(("/", *DATA_SCHEMES)):
+    if not spec.data or read_where_it_is(spec.data):
         return spec.data
     return f"{cluster_job_dir.rstrip('/')}/{Path(spec.data).as_posix()}"
 

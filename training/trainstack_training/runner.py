@@ -126,10 +126,16 @@ class Runner:
         if not self.cancelled:
             self.cancelled = True
             self.stop_started = time.monotonic()
-        if self.child is not None and not self.interrupted:
+        if self.child is not None:
+            self.interrupt_child()
+
+    def interrupt_child(self) -> None:
+        """SIGINT to the child, once: PySpark cancels its jobs, then stops."""
+        assert self.child is not None
+        if not self.interrupted:
             self.interrupted = True
             with contextlib.suppress(ProcessLookupError):
-                os.kill(self.child.pid, signal.SIGINT)  # PySpark: cancel the jobs, then stop
+                os.kill(self.child.pid, signal.SIGINT)
 
     def heartbeat(self) -> None:
         """Copy each finished epoch into the output, and keep the record alive."""
@@ -245,10 +251,7 @@ class Runner:
                     return self.child.wait(timeout=0.5)
                 except subprocess.TimeoutExpired:
                     if self.cancelled:
-                        if not self.interrupted:  # the SIGTERM came just before the start
-                            self.interrupted = True
-                            with contextlib.suppress(ProcessLookupError):
-                                os.kill(self.child.pid, signal.SIGINT)
+                        self.interrupt_child()  # when the SIGTERM came before the start
                         self.escalate()
         finally:
             # What is left of the job's process group once its driver has gone (the JVM
