@@ -69,10 +69,16 @@ def test_outsider_without_secret_cannot_register(clients):
 def test_client_without_encryption_is_refused(clients):
     """With the right secret but no RPC encryption the cluster refuses the client (Spark's
     AES auth handler does not know the plain SASL challenge: no fallback); the same client
-    with encryption registers and runs a job, so the refusal is about encryption."""
+    with encryption registers and runs a job, so the refusal is about encryption.
+
+    The server answers the plain SASL challenge with an error and closes the channel; which of
+    the two the client sees first is timing (a CI run saw only the closed channel), so either
+    counts, as long as it is the plain SASL bootstrap that failed."""
     log = clients["no encryption"]
     assert "REGISTERED" not in log, log[-3000:]
-    assert "Unknown challenge message" in log, log[-3000:]
+    assert "Unknown challenge message" in log or (
+        "Exception while bootstrapping client" in log and "SaslClientBootstrap" in log
+    ), log[-3000:]
     assert "REGISTERED" in clients["control"], clients["control"][-3000:]
 
 
