@@ -168,7 +168,7 @@ def main() -> None:
     settings = training_settings(config, job.sha, job_data(config, spec, job.sha))
     if env is not None:  # only then: an unchanged job without packages keeps its trigger
         settings["env_sha"] = env.sha
-    # What `trainstack submit` needs (infra/jobs/cli.py): the nodes that may submit, and the
+    # What `trainstack submit` needs (infra/jobs/commands.py): the nodes that may submit, and the
     # stack's training settings as a submitted job's defaults.
     pulumi.export("jobNodes", cluster.submit_candidates)
     pulumi.export(

@@ -19,313 +19,23 @@ job directory, an unknown job); 3 the stack or its nodes cannot be reached.
 from __future__ import annotations
 
 import argparse
-import contextlib
 import json
-import os
-import secrets
-import shlex
-import subprocess
 import sys
-import time
 from collections.abc import Sequence
-from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from trainstack_training.ranklog import RANK_LOG
-from trainstack_training.runner import INSTALL_SCRIPT
-
-from infra.config.values import PROJECT_DIR
-from infra.jobs import envs
-from infra.jobs.envs import EnvError
-from infra.jobs.package import JobDirError, Packed, pack
-from infra.jobs.remote import (
-    JOB_USER,
-    JOBS_DIR,
-    MODELS_DIR,
-    NODE_ENV,
-    NODE_VENV,
-    QUEUE_LOCK,
-    RemoteError,
-    ship,
-    submitter,
+from infra.jobs.commands import (
+    EXIT_FAILED,
+    EXIT_INPUT,
+    EXIT_UNREACHABLE,
+    CliError,
+    Jobs,
+    follow_logs,
+    stack_outputs,
 )
-from infra.transport import Transport, TransportError, transports_for
-
-FINAL = ("succeeded", "failed", "cancelled")
-EXIT_FAILED, EXIT_INPUT, EXIT_UNREACHABLE = 1, 2, 3
-# How long `cancel` waits for the runner to record the end (its driver gets 5 s to stop
-# the Spark way, then SIGTERM, then SIGKILL 5 s later: docs/jobs.md).
-CANCEL_WAIT_SECONDS = 40
-LOG_POLL_SECONDS = 0.5
-
-
-class CliError(Exception):
-    def __init__(self, message: str, code: int) -> None:
-        super().__init__(message)
-        self.code = code
-
-
-def project_env() -> dict[str, str]:
-    """The environment `eval "$(make -s env)"` gives (scripts/env.sh): the project's Pulumi
-    CLI, backend and passphrase, on top of this process's environment."""
-    script = PROJECT_DIR / "scripts" / "env.sh"
-    try:
-        dump = subprocess.run(
-            ["bash", "-c", f'eval "$({shlex.quote(str(script))})" && env -0'],
-            capture_output=True,
-            check=True,
-        ).stdout.decode()
-    except (OSError, subprocess.CalledProcessError) as exc:
-        raise CliError(f"cannot read the project's Pulumi settings ({script}): {exc}", 3) from None
-    return dict(item.split("=", 1) for item in dump.split("\0") if "=" in item)
-
-
-def _pulumi_env() -> dict[str, str]:
-    """The caller's environment when it has a Pulumi backend (`eval "$(make -s env)"` or a
-    test's), else the project's."""
-    return dict(os.environ) if os.environ.get("PULUMI_BACKEND_URL") else project_env()
-
-
-def stack_outputs(stack: str | None) -> dict[str, Any]:
-    cmd = ["pulumi", "stack", "output", "--json", "--non-interactive"]
-    if stack:
-        cmd += ["--stack", stack]
-    try:
-        proc = subprocess.run(
-            cmd, capture_output=True, text=True, env=_pulumi_env(), cwd=PROJECT_DIR, timeout=60
-        )
-    except (OSError, subprocess.TimeoutExpired) as exc:
-        raise CliError(f"cannot run `pulumi`: {exc}", EXIT_UNREACHABLE) from None
-    if proc.returncode != 0:
-        said = (proc.stderr or proc.stdout).strip().splitlines()
-        raise CliError(
-            f"cannot read the stack's outputs ({said[-1] if said else 'pulumi failed'}); "
-            "pick a stack with --stack NAME, or `pulumi stack select`",
-            EXIT_UNREACHABLE,
-        )
-    outputs = json.loads(proc.stdout or "{}")
-    if not outputs.get("jobNodes") or not outputs.get("jobDefaults"):
-        raise CliError(
-            f"stack {stack or '(selected)'} has no jobNodes/jobDefaults outputs: bring it up "
-            "with this version (`pulumi up`) first",
-            EXIT_UNREACHABLE,
-        )
-    return dict(outputs)
-
-
-class Jobs:
-    """A stack's jobs, over its transports."""
-
-    def __init__(self, outputs: dict[str, Any]) -> None:
-        self.defaults: dict[str, Any] = outputs["jobDefaults"]
-        self.nodes: list[Transport] = transports_for(outputs["jobNodes"])
-
-    def any_node(self) -> Transport:
-        try:
-            return submitter(self.nodes, check_venv=False)
-        except RemoteError as exc:
-            raise CliError(str(exc), EXIT_UNREACHABLE) from None
-
-    def node_named(self, name: str) -> Transport | None:
-        for node in self.nodes:
-            if node.name == name or node.name.endswith(f"-{name}"):
-                return node
-        return None
-
-    def record(self, job_id: str, node: Transport | None = None) -> dict[str, Any]:
-        node = node or self.any_node()
-        path = f"{MODELS_DIR}/{job_id}/job.json"
-        for _ in range(5):
-            try:
-                text = node.fetch(path)
-            except TransportError:
-                raise CliError(
-                    f"no job {job_id!r} on this stack (`trainstack list` shows its jobs)",
-                    EXIT_INPUT,
-                ) from None
-            with contextlib.suppress(ValueError):  # replaced atomically: a retry reads it whole
-                return dict(json.loads(text))
-            time.sleep(0.2)
-        raise CliError(f"{path} on {node.name} is not valid JSON", EXIT_FAILED)
-
-    def records(self) -> list[dict[str, Any]]:
-        node = self.any_node()
-        script = (
-            f'for f in {MODELS_DIR}/job-*/job.json; do [ -f "$f" ] && cat "$f" && echo; done; true'
-        )
-        _, out = node.run(["sh", "-c", script], user=JOB_USER)
-        found = []
-        for line in out.decode(errors="replace").splitlines():
-            if line.startswith("{"):
-                try:
-                    found.append(json.loads(line))
-                except ValueError:
-                    continue
-        return sorted(found, key=lambda r: (r.get("submitted_at", 0), r.get("id", "")))
-
-    # -- submit -------------------------------------------------------------------------
-    def submit(self, directory: Path, params: dict[str, Any], overrides: dict[str, Any]) -> str:
-        from trainstack_training.job import JobError, data_location, load_spec
-
-        try:
-            spec = load_spec(directory, params)
-            packed: Packed = pack(directory)
-            env = envs.resolve(directory, spec.requirements)
-        except (JobError, JobDirError, EnvError) as exc:
-            raise CliError(str(exc), EXIT_INPUT) from None
-        # The data set: --data, else the manifest's, else the stack's (docs/jobs.md, Data).
-        data = overrides.get("data") or data_location(spec, f"{JOBS_DIR}/{packed.sha}")
-        overrides = {**overrides, **({"data": data} if data else {})}
-        node = self.any_node_with_venv()
-        try:
-            ship(node, packed)
-        except RemoteError as exc:
-            raise CliError(str(exc), EXIT_UNREACHABLE) from None
-        # The wheels go to the cluster now (a conflicting pin fails here, before anything
-        # runs); the install itself is the job's first state, `installing` (runner.py).
-        try:
-            staged = envs.stage(node, env, f"{NODE_VENV}/bin/python", JOB_USER) if env else None
-        except EnvError as exc:
-            raise CliError(str(exc), EXIT_FAILED) from None
-        site = staged.site if staged else ""
-        install = staged.script if staged else ""
-        job_id = f"job-{datetime.now(UTC):%Y%m%d-%H%M%S}-{secrets.token_hex(2)}"
-        run_dir = f"{MODELS_DIR}/{job_id}"
-        settings = {**self.defaults, **overrides}
-        record = {
-            "id": job_id,
-            "state": "installing" if install else "queued",
-            "submitted_at": time.time(),
-            "job": str(directory.resolve()),
-            "code_sha": packed.sha,
-            "env_sha": env.sha if env else "",
-            "params": spec.params,
-            "mode": spec.mode,
-            "node": node.name,
-            "epochs": int(settings["epochs"]),
-            "workers": int(settings["workers"]),
-            "data": str(settings["data"]),
-        }
-        command = [
-            f"{NODE_VENV}/bin/python", "-m", "trainstack_training.runner", run_dir,
-            "--lock", QUEUE_LOCK, "--epochs", str(int(settings["epochs"])),
-            *(["--install", f"{run_dir}/{INSTALL_SCRIPT}"] if install else []), "--",
-            f"{NODE_VENV}/bin/trainstack-train",
-            "--job-dir", f"{JOBS_DIR}/{packed.sha}",
-            "--job-params", json.dumps(spec.params, sort_keys=True),
-            "--job-env", site,
-            "--master", str(settings["master_url"]),
-            "--workers", str(int(settings["workers"])),
-            "--epochs", str(int(settings["epochs"])),
-            "--batch-size", str(int(settings["batch_size"])),
-            "--data", str(settings["data"]),
-            "--rows", str(int(settings["rows"])),
-            "--train-strategy", str(settings["strategy"]),
-            "--cores-per-worker", str(int(settings["cores_per_worker"])),
-            "--spark-conf", str(settings["spark_conf"]),
-            "--app-name", f"trainstack-{job_id}",
-            "--output", run_dir,
-        ]  # fmt: skip
-        detached = f"setsid nohup {shlex.join(command)} >/dev/null 2>&1 </dev/null &"
-        try:
-            node.run(["mkdir", "-p", run_dir], user=JOB_USER)
-            node.put(f"{run_dir}/job.json", json.dumps(record).encode(), user=JOB_USER)
-            if install:
-                node.put(f"{run_dir}/{INSTALL_SCRIPT}", install.encode(), user=JOB_USER)
-            code, out = node.run(["sh", "-c", detached], user=JOB_USER, env=NODE_ENV)
-        except TransportError as exc:
-            raise CliError(
-                f"cannot start the job on {node.name}: {exc}", EXIT_UNREACHABLE
-            ) from None
-        if code != 0:
-            raise CliError(
-                f"cannot start the job on {node.name}: {out.decode(errors='replace')[-300:]}",
-                EXIT_UNREACHABLE,
-            )
-        return job_id
-
-    def any_node_with_venv(self) -> Transport:
-        try:
-            return submitter(self.nodes, check_venv=True)
-        except RemoteError as exc:
-            raise CliError(str(exc), EXIT_UNREACHABLE) from None
-
-    # -- logs and cancel ----------------------------------------------------------------
-    def output_from(
-        self, job_id: str, offset: int, node: Transport, rank: int | None = None
-    ) -> bytes:
-        """The job's output from `offset` on: the runner's, or one TensorFlow rank's own."""
-        name = "output.log" if rank is None else RANK_LOG.format(rank=rank)
-        code, out = node.run(
-            ["tail", "-c", f"+{offset + 1}", f"{MODELS_DIR}/{job_id}/{name}"], user=JOB_USER
-        )
-        return out if code == 0 else b""
-
-    def cancel(self, job_id: str) -> dict[str, Any]:
-        record = self.record(job_id)
-        if record.get("state") in FINAL:
-            return record
-        node = self.node_named(str(record.get("node", "")))
-        if node is None:
-            raise CliError(
-                f"job {job_id} runs on {record.get('node')!r}, which is not a node of this stack "
-                "any more",
-                EXIT_UNREACHABLE,
-            )
-        pid = int(record.get("pid") or 0)
-        if pid <= 0:  # the runner has not written its pid yet: wait for it a moment
-            for _ in range(20):
-                time.sleep(0.25)
-                record = self.record(job_id, node)
-                pid = int(record.get("pid") or 0)
-                if pid:
-                    break
-        if pid:
-            node.run(["kill", "-TERM", str(pid)], user=JOB_USER)
-        deadline = time.monotonic() + CANCEL_WAIT_SECONDS
-        while time.monotonic() < deadline:
-            record = self.record(job_id, node)
-            if record.get("state") in FINAL:
-                return record
-            time.sleep(0.25)
-        raise CliError(
-            f"job {job_id} did not stop within {CANCEL_WAIT_SECONDS} s (runner pid {pid} on "
-            f"{node.name})",
-            EXIT_FAILED,
-        )
-
-
-def _age(record: dict[str, Any]) -> str:
-    start = record.get("started_at") or record.get("submitted_at") or 0
-    end = record.get("ended_at") or time.time()
-    return f"{max(0.0, float(end) - float(start)):.0f}s"
-
-
-def _state(record: dict[str, Any]) -> str:
-    state = str(record.get("state", "?"))
-    if state not in FINAL and time.time() - float(record.get("heartbeat") or 0) > 30:
-        return f"{state} (lost: no heartbeat for 30 s)"
-    return state
-
-
-def _print_status(record: dict[str, Any]) -> None:
-    result = record.get("result") or {}
-    lines = [
-        f"job {record.get('id')}: {_state(record)}",
-        f"  code {str(record.get('code_sha', ''))[:12]} ({record.get('mode')} mode) from "
-        f"{record.get('job')}",
-        f"  params {json.dumps(record.get('params', {}), sort_keys=True)}",
-        f"  node {record.get('node')}, {_age(record)}",
-    ]
-    if result:
-        lines.append(
-            f"  validation accuracy {result.get('final_val_accuracy')} after "
-            f"{result.get('epochs')} epochs; model {result.get('model_path')}"
-        )
-    if record.get("error"):
-        lines.append(f"  error: {record['error']}")
-    print("\n".join(lines))
+from infra.jobs.show import print_list, print_status, shown_state
+from infra.transport import TransportError
 
 
 def _params(pairs: Sequence[str]) -> dict[str, Any]:
@@ -408,21 +118,16 @@ def run(args: argparse.Namespace) -> int:
             job_id = records[-1]["id"]
         record = jobs.record(job_id)
         if args.json:
-            print(json.dumps({**record, "state": _state(record)}, sort_keys=True))
+            print(json.dumps({**record, "state": shown_state(record)}, sort_keys=True))
         else:
-            _print_status(record)
+            print_status(record)
         return EXIT_FAILED if record.get("state") in ("failed", "cancelled") else 0
     if args.command == "list":
         records = jobs.records()
         if args.json:
             print(json.dumps(records, sort_keys=True))
             return 0
-        print(f"{'JOB ID':<28} {'STATE':<10} {'AGE':>6}  CODE          JOB")
-        for r in records:
-            print(
-                f"{r.get('id', ''):<28} {_state(r):<10} {_age(r):>6}  "
-                f"{str(r.get('code_sha', ''))[:12]:<12}  {r.get('job', '')}"
-            )
+        print_list(records)
         return 0
     if args.command == "cancel":
         record = jobs.cancel(args.job_id)
@@ -431,38 +136,6 @@ def run(args: argparse.Namespace) -> int:
     if args.command == "logs":
         return follow_logs(jobs, args.job_id, args.follow, args.rank)
     raise CliError(f"unknown command {args.command!r}", EXIT_INPUT)
-
-
-def check_rank(record: dict[str, Any], rank: int | None) -> None:
-    """A rank the job has, or a CliError naming the ones it has."""
-    if rank is None:
-        return
-    workers = int(record.get("workers") or 0)
-    if rank < 0 or (workers and rank >= workers):
-        have = f"ranks 0-{workers - 1}" if workers > 1 else "rank 0"
-        raise CliError(
-            f"--rank {rank}: job {record.get('id')} has {workers} TensorFlow worker(s), {have}",
-            EXIT_INPUT,
-        )
-
-
-def follow_logs(jobs: Jobs, job_id: str, follow: bool, rank: int | None = None) -> int:
-    record = jobs.record(job_id)
-    check_rank(record, rank)
-    node = jobs.any_node()
-    offset = 0
-    while True:
-        chunk = jobs.output_from(job_id, offset, node, rank)
-        if chunk:
-            offset += len(chunk)
-            sys.stdout.write(chunk.decode(errors="replace"))
-            sys.stdout.flush()
-        if not follow:
-            return 0
-        if record.get("state") in FINAL and not chunk:
-            return 0 if record.get("state") == "succeeded" else EXIT_FAILED
-        time.sleep(LOG_POLL_SECONDS)
-        record = jobs.record(job_id, node)
 
 
 def main(argv: list[str] | None = None) -> int:

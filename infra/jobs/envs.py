@@ -10,7 +10,7 @@ storage, ENVS_DIR/<lock digest>/site, which the job's processes put on sys.path 
 own code. An unchanged requirements file costs no download (the lock is cached here, in
 CACHE_DIR) and no install (the overlay is on the cluster already).
 
-Used by `trainstack submit` (infra.jobs.cli) and the stack's declared job
+Used by `trainstack submit` (infra.jobs.commands) and the stack's declared job
 (infra.components.training).
 """
 

@@ -1,7 +1,7 @@
 """Jobs on the cluster's nodes: where they live, which node submits, shipping their code.
 
 Used by the stack's declared job (infra.components.training, from `pulumi up`) and by the
-`trainstack` CLI (infra.jobs.cli), over the same transports (infra.transport).
+`trainstack` CLI (infra.jobs.commands), over the same transports (infra.transport).
 """
 
 from __future__ import annotations

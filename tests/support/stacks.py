@@ -17,7 +17,7 @@ from typing import Any
 
 import docker
 
-from infra.jobs.cli import project_env as cli_project_env
+from infra.jobs.commands import project_env as cli_project_env
 
 ROOT = Path(__file__).resolve().parents[2]
 LABEL_STACK = "org.trainstack.stack"

@@ -17,7 +17,8 @@ from pathlib import Path
 
 import pytest
 
-from infra.jobs.cli import CliError, _data, _params, build_parser
+from infra.jobs.cli import _data, _params, build_parser
+from infra.jobs.commands import CliError
 
 pytestmark = pytest.mark.unit
 

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from infra.jobs.cli import CliError, check_rank
+from infra.jobs.commands import CliError, check_rank
 
 pytestmark = pytest.mark.unit
 

@@ -1,0 +1,52 @@
+"""What `trainstack status` and `trainstack list` print for job records."""
+
+from __future__ import annotations
+
+import json
+import time
+from typing import Any
+
+from infra.jobs.commands import FINAL
+
+
+def _age(record: dict[str, Any]) -> str:
+    start = record.get("started_at") or record.get("submitted_at") or 0
+    end = record.get("ended_at") or time.time()
+    return f"{max(0.0, float(end) - float(start)):.0f}s"
+
+
+def shown_state(record: dict[str, Any]) -> str:
+    """The record's state, with a note when its runner has stopped beating."""
+    state = str(record.get("state", "?"))
+    if state not in FINAL and time.time() - float(record.get("heartbeat") or 0) > 30:
+        return f"{state} (lost: no heartbeat for 30 s)"
+    return state
+
+
+def print_status(record: dict[str, Any]) -> None:
+    result = record.get("result") or {}
+    lines = [
+        f"job {record.get('id')}: {shown_state(record)}",
+        f"  code {str(record.get('code_sha', ''))[:12]} ({record.get('mode')} mode) from "
+        f"{record.get('job')}",
+        f"  params {json.dumps(record.get('params', {}), sort_keys=True)}",
+        f"  node {record.get('node')}, {_age(record)}",
+    ]
+    if result:
+        lines.append(
+            f"  validation accuracy {result.get('final_val_accuracy')} after "
+            f"{result.get('epochs')} epochs; model {result.get('model_path')}"
+        )
+    if record.get("error"):
+        lines.append(f"  error: {record['error']}")
+    print("\n".join(lines))
+
+
+def print_list(records: list[dict[str, Any]]) -> None:
+    """One line a job, oldest first, under a header."""
+    print(f"{'JOB ID':<28} {'STATE':<10} {'AGE':>6}  CODE          JOB")
+    for r in records:
+        print(
+            f"{r.get('id', ''):<28} {shown_state(r):<10} {_age(r):>6}  "
+            f"{str(r.get('code_sha', ''))[:12]:<12}  {r.get('job', '')}"
+        )
