@@ -8,7 +8,6 @@ Pulumi CLI shows it under the stack.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import subprocess
@@ -20,8 +19,9 @@ from typing import Any
 import pulumi
 from pulumi.dynamic import CreateResult, DiffResult, Resource, ResourceProvider, UpdateResult
 
+from infra import digest
 from infra.errors import UserFacingError, short_provider_errors, write_details
-from infra.provisioning.__main__ import SECRET_ENV
+from infra.provisioning.inventory import SECRET_ENV
 
 ROOT = Path(__file__).resolve().parents[2]
 # What provisioning applies; a change in any of these re-runs it.
@@ -35,24 +35,11 @@ SOURCES = (
     "infra/components/provisioning.py",
 )
 short_provider_errors()
-_SKIP = {"__pycache__", ".pytest_cache", "build", "dist", ".mypy_cache", ".ruff_cache"}
 
 
 def tree_digest(root: Path = ROOT, sources: tuple[str, ...] = SOURCES) -> str:
     """A digest of the files under `sources` (names and bytes), stable across machines."""
-    digest = hashlib.sha256()
-    for source in sources:
-        base = root / source
-        paths = [base] if base.is_file() else sorted(base.rglob("*"))
-        for path in paths:
-            if not path.is_file() or _SKIP & set(path.relative_to(root).parts):
-                continue
-            # Docs (a role's README.md) change nothing on a node: no re-run for them.
-            if path.suffix in (".pyc", ".egg-info", ".md") or ".egg-info" in str(path):
-                continue
-            digest.update(str(path.relative_to(root)).encode() + b"\0")
-            digest.update(path.read_bytes() + b"\0")
-    return digest.hexdigest()[:16]
+    return digest.tree_digest(root, sources)
 
 
 def integral(value: Any) -> Any:

@@ -18,9 +18,8 @@ from .bake import (
     DEFAULT_REPOSITORY,
     DEFAULT_WHEELHOUSE,
     BakeError,
-    _clean,
-    _client,
     bake,
+    clean,
     current_digest,
     image_tag,
 )
@@ -62,16 +61,7 @@ def main(argv: list[str] | None = None) -> int:
             result = bake(args.base_image, args.repository, args.wheelhouse, args.log, args.force)
             out: dict = result.to_json()
         elif args.command == "clean":
-            client = _client()
-            keep = current_digest(args.base_image)
-            removed, skipped = _clean(client, args.repository, keep)
-            for item in skipped:
-                print(f"kept {item}", file=sys.stderr)
-            out = {
-                "kept": image_tag(args.repository, keep),
-                "removed": removed,
-                "skipped": skipped,
-            }
+            out = clean(args.repository, base_image=args.base_image).to_json()
         else:
             digest = current_digest(args.base_image)
             out = {"digest": digest, "tag": image_tag(args.repository, digest)}

@@ -17,13 +17,12 @@ A tag that exists is reused as it is; ``force=True`` bakes again.
 from __future__ import annotations
 
 import contextlib
-import hashlib
 import re
 import shutil
 import sys
 import time
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -31,6 +30,8 @@ from typing import Any
 import docker
 import docker.errors
 
+from infra.digest import tree_digest
+from infra.engine import EngineError, docker_client
 from infra.provisioning.runner import TaskEvent, run_playbook
 from infra.provisioning.wheelhouse import WheelhouseError, build_node_wheelhouse
 from infra.topology import WHEELHOUSE_MOUNT
@@ -68,7 +69,6 @@ _DIGEST_FILES = (
     "constraints.txt",
 )
 _PINS_FILE = "infra/provisioning/wheelhouse.py"
-_SKIP_PARTS = {"build", "dist", "__pycache__", ".pytest_cache", ".mypy_cache", ".ruff_cache"}
 _PIN_LINE = re.compile(r'^[A-Z][A-Z0-9_]* = "[^"]*"', re.MULTILINE)
 
 
@@ -90,44 +90,20 @@ class BakeResult:
         return data
 
 
-def _skipped(rel: Path) -> bool:
-    """Build output and docs: a role's README.md changes nothing on a node."""
-    return any(p in _SKIP_PARTS or p.endswith(".egg-info") for p in rel.parts) or rel.suffix in {
-        ".pyc",
-        ".pyo",
-        ".md",
-    }
+def image_digest(base_image: str, base_image_id: str, *, root: Path = REPO_ROOT) -> str:
+    """The digest of everything that goes into the image (`infra.digest.tree_digest`).
 
-
-def _digest_files(root: Path) -> Iterator[tuple[str, bytes]]:
-    for tree in _DIGEST_TREES:
-        base = root / tree
-        if not base.is_dir():
-            continue
-        for path in sorted(base.rglob("*")):
-            rel = path.relative_to(root)
-            if path.is_file() and not _skipped(rel.relative_to(tree)):
-                yield rel.as_posix(), path.read_bytes()
-    for name in _DIGEST_FILES:
-        path = root / name
-        yield name, path.read_bytes() if path.is_file() else b"<missing>"
+    The base image counts by name and by id (a re-pulled tag is another base); of the pins
+    file only its pin lines count.
+    """
     pins = root / _PINS_FILE
     text = pins.read_text() if pins.is_file() else ""
-    yield _PINS_FILE + "#pins", "\n".join(_PIN_LINE.findall(text)).encode()
-
-
-def image_digest(base_image: str, base_image_id: str, *, root: Path = REPO_ROOT) -> str:
-    """SHA-256 (first 16 hex digits) of everything that goes into the image.
-
-    Relative paths in sorted order, so the same files give the same digest in any clone on
-    any machine; the base image counts by name and by id (a re-pulled tag is another base).
-    """
-    h = hashlib.sha256()
-    h.update(f"format={BAKE_FORMAT}\0cmd={NODE_CMD}\0".encode())
-    h.update(f"base={base_image}\0id={base_image_id}\0".encode())
-    for rel, content in _digest_files(Path(root)):
-        h.update(rel.encode() + b"\0" + hashlib.sha256(content).digest())
-    return h.hexdigest()[:16]
+    return tree_digest(
+        root,
+        (*_DIGEST_TREES, *_DIGEST_FILES),
+        header=f"format={BAKE_FORMAT}\0cmd={NODE_CMD}\0base={base_image}\0id={base_image_id}\0",
+        extra=[(_PINS_FILE + "#pins", "\n".join(_PIN_LINE.findall(text)).encode())],
+    )
 
 
 def image_tag(repository: str = DEFAULT_REPOSITORY, digest: str = "") -> str:
@@ -138,15 +114,11 @@ def image_tag(repository: str = DEFAULT_REPOSITORY, digest: str = "") -> str:
 
 
 def _client() -> docker.DockerClient:
+    """The program's engine client (`infra.engine.docker_client`), its error as a BakeError."""
     try:
-        client = docker.from_env()
-        client.ping()
-    except Exception as exc:  # the SDK raises several types for a missing or dead engine
-        raise BakeError(
-            f"the Docker engine does not answer ({_first_line(exc)}); "
-            "start it with `scripts/setup.sh docker_engine`"
-        ) from exc
-    return client
+        return docker_client()
+    except EngineError as exc:
+        raise BakeError(str(exc)) from None
 
 
 def _first_line(exc: BaseException | str) -> str:
@@ -417,18 +389,29 @@ def _clean(
     return removed, skipped
 
 
+@dataclass(frozen=True)
+class CleanResult:
+    kept: str  # the tag kept: <repository>:<keep digest>
+    removed: list[str]
+    skipped: list[str]  # "<tag> (<why>)": in use by a container, or the engine refused
+
+    def to_json(self) -> dict[str, Any]:
+        return asdict(self)
+
+
 def clean(
     repository: str = DEFAULT_REPOSITORY,
     keep_digest: str | None = None,
     *,
+    base_image: str = DEFAULT_BASE_IMAGE,
     progress: Callable[[str], None] | None = _stderr,
-) -> list[str]:
+) -> CleanResult:
     """Remove the ``<repository>:*`` tags other than ``keep_digest`` (default: the digest the
-    current sources give on the default base image); returns the removed tags. Images that a
-    container (running or stopped) uses are kept and reported through ``progress``."""
+    current sources give on ``base_image``). Images that a container (running or stopped)
+    uses are kept and reported through ``progress``."""
     client = _client()
-    keep = keep_digest if keep_digest is not None else current_digest()
+    keep = keep_digest if keep_digest is not None else current_digest(base_image)
     removed, skipped = _clean(client, repository, keep)
     for item in skipped:
         _say(progress, f"kept {item}")
-    return removed
+    return CleanResult(image_tag(repository, keep), removed, skipped)

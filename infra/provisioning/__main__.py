@@ -26,11 +26,9 @@ from pathlib import Path
 from typing import Any
 
 from infra.engine import EngineError, cpu_boost
-from infra.provisioning.inventory import docker_containers
+from infra.provisioning.inventory import SECRET_ENV, docker_containers
 from infra.provisioning.runner import run_playbook
 from infra.provisioning.wheelhouse import WheelhouseError, build_node_wheelhouse
-
-SECRET_ENV = "TRAINSTACK_SPARK_AUTH_SECRET"
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -12,6 +12,9 @@ from typing import Any
 # Variables that must never be written to an inventory file or a command line: run_playbook
 # moves them into a 0600 extravars file inside the runner's private data dir.
 SECRET_VARS = ("trainstack_spark_auth_secret",)
+# The environment variable in which the program hands the secret to `python -m
+# infra.provisioning` (never on its command line).
+SECRET_ENV = "TRAINSTACK_SPARK_AUTH_SECRET"
 
 
 def split_secrets(inventory: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:

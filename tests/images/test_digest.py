@@ -141,3 +141,26 @@ def test_wheelhouse_failure_is_one_sentence_naming_the_path(tmp_path, monkeypatc
     monkeypatch.undo()
     with pytest.raises(b.BakeError, match="cannot create the wheelhouse at"):
         b._build_wheelhouse(blocked / "wh")
+
+
+@pytest.mark.parametrize(
+    "name",
+    [
+        "roles/common/README.md",
+        "training/__pycache__/x.cpython-311.pyc",
+        "training/x.egg-info/PKG-INFO",
+    ],
+)
+def test_provisioning_trigger_leaves_out_what_the_image_digest_leaves_out(tree, name):
+    """One reading of the source trees (infra.digest) for the image and for provisioning."""
+    from infra.components.provisioning import tree_digest
+
+    sources = ("roles", "training", "ansible.cfg")
+    before = tree_digest(tree, sources)
+    path = tree / name
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text((path.read_text() if path.exists() else "") + "\n# changed\n")
+    assert tree_digest(tree, sources) == before
+    role = tree / "roles" / "java" / "tasks" / "install.yml"
+    role.write_text(role.read_text() + "\n# changed\n")
+    assert tree_digest(tree, sources) != before
