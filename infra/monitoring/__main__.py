@@ -20,13 +20,12 @@ from infra.config import StackConfig
 
 ROOT = Path(__file__).resolve().parents[2]
 
+# The handler (reload through supervisor) does nothing here: this play defines no Prometheus
+# program.
 PLAYBOOK = """\
 - name: Render the Prometheus configuration for promtool.
   hosts: monitoring
   gather_facts: false
-  vars:
-    # The handlers (reload through supervisor) have nothing to do here.
-    __prometheus_program: {changed: true}
   tasks:
     - name: Render prometheus.yml and rules.yml.
       ansible.builtin.include_role:
@@ -43,6 +42,9 @@ def render(out: Path, config: StackConfig | None = None) -> None:
     try:
         (work / "inventory.json").write_text(json.dumps(inventory))
         (work / "render.yml").write_text(PLAYBOOK)
+        # The project's mapping of role variables from the inventory (playbooks/group_vars), next
+        # to the inventory and the play, as the playbooks have it: also in every host's hostvars.
+        (work / "group_vars").symlink_to(ROOT / "playbooks" / "group_vars")
         env = {
             **os.environ,
             "ANSIBLE_ROLES_PATH": str(ROOT / "roles"),

@@ -222,7 +222,7 @@ def test_zookeeper_config_does_not_follow_the_inventory_host_order():
     env.filters["bool"] = bool  # Ansible's filter; the values here are Python booleans
     template = env.from_string(source.read_text())
     hostvars = {
-        f"control-{i}": {"trainstack_zookeeper_id": i, "trainstack_node_address": f"control-{i}"}
+        f"control-{i}": {"zookeeper_id": i, "zookeeper_node_address": f"control-{i}"}
         for i in (1, 2, 3)
     }
 

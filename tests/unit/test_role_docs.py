@@ -99,3 +99,46 @@ def test_role_readme_paths_exist(role):
     _readme(role)
     missing = _missing_paths(role_dir / "README.md", REPO, role_dir)
     assert not missing, f"roles/{role}/README.md names paths that do not exist: {missing}"
+
+
+def _role_vars(role: str) -> set[str]:
+    """The variables a role defines: its defaults and its vars/main.yml."""
+    path = REPO / "roles" / role / "vars" / "main.yml"
+    own = set(_defaults(role))
+    return own | set((yaml.safe_load(path.read_text()) or {}) if path.exists() else {})
+
+
+def _declared(role: str) -> set[str]:
+    """The roles a role declares: its meta dependencies and the roles its tasks include."""
+    meta = yaml.safe_load((REPO / "roles" / role / "meta" / "main.yml").read_text()) or {}
+    deps = {d if isinstance(d, str) else d["role"] for d in meta.get("dependencies") or []}
+    tasks = "\n".join(p.read_text() for p in (REPO / "roles" / role).rglob("*.yml"))
+    included = re.findall(r"ansible\.builtin\.(?:include|import)_role:\s*\n\s*name: (\w+)", tasks)
+    return deps | set(included)
+
+
+@pytest.mark.parametrize("role", ROLES)
+def test_role_defaults_name_no_project_variable(role):
+    """The project's trainstack_* variables reach a role through playbooks/group_vars/all.yml,
+    never through its defaults: a role runs alone with its own."""
+    for name in ("defaults", "vars"):
+        path = REPO / "roles" / role / name / "main.yml"
+        if path.exists():
+            jinja = " ".join(re.findall(r"{{.*?}}|{%.*?%}", path.read_text(), re.S))
+            found = sorted(set(re.findall(r"\btrainstack_[a-z0-9_]+", jinja)))
+            assert not found, f"roles/{role}/{name}/main.yml names {found}: map them in group_vars"
+
+
+@pytest.mark.parametrize("role", ROLES)
+def test_role_reads_only_declared_roles_variables(role):
+    """A role names another role's variable only when it declares that role: a meta dependency,
+    or the include_role / import_role that runs it. Otherwise the role gets a variable of its own
+    and playbooks/group_vars/all.yml maps it."""
+    declared = _declared(role) | {role}
+    owner = {name: other for other in ROLES if other not in declared for name in _role_vars(other)}
+    text = "\n".join(
+        p.read_text() for p in (REPO / "roles" / role).rglob("*") if p.suffix in (".yml", ".j2")
+    )
+    words = set(re.findall(r"\b[a-z_][a-z0-9_]*\b", text))
+    found = sorted(f"{w} ({owner[w]})" for w in words if w in owner)
+    assert not found, f"role {role} names variables of roles it does not declare: {found}"
