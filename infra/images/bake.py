@@ -10,7 +10,8 @@ must still install everything on a bare SSH server; and a commit needs no regist
 build context (the wheelhouse is bind-mounted read-only, so no wheel lands in an image layer).
 
 The tag is a digest of everything that goes in (``image_digest``): the roles, the image
-playbook, ansible.cfg, the pins, the training package's sources, the base image's name and id.
+playbook, ansible.cfg, the pins, the node layout (infra/nodes.py), the training package's
+sources, the base image's name and id.
 A tag that exists is reused as it is; ``force=True`` bakes again.
 """
 
@@ -18,6 +19,7 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
+import json
 import re
 import shutil
 import sys
@@ -31,9 +33,9 @@ from typing import Any
 import docker
 import docker.errors
 
+from infra.nodes import NODE_PATHS, WHEELHOUSE_MOUNT
 from infra.provisioning.runner import TaskEvent, run_playbook
 from infra.provisioning.wheelhouse import WheelhouseError, build_node_wheelhouse
-from infra.topology import WHEELHOUSE_MOUNT
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 DEFAULT_BASE_IMAGE = "debian:bookworm"
@@ -68,6 +70,7 @@ _DIGEST_FILES = (
     "constraints.txt",
 )
 _PINS_FILE = "infra/provisioning/wheelhouse.py"
+_LAYOUT = "infra/nodes.py#layout"
 _SKIP_PARTS = {"build", "dist", "__pycache__", ".pytest_cache", ".mypy_cache", ".ruff_cache"}
 _PIN_LINE = re.compile(r'^[A-Z][A-Z0-9_]* = "[^"]*"', re.MULTILINE)
 
@@ -114,13 +117,17 @@ def _digest_files(root: Path) -> Iterator[tuple[str, bytes]]:
     pins = root / _PINS_FILE
     text = pins.read_text() if pins.is_file() else ""
     yield _PINS_FILE + "#pins", "\n".join(_PIN_LINE.findall(text)).encode()
+    # The node layout reaches the roles through the inventory, not through a file above: its
+    # values count (those of the running program, whatever `root`).
+    yield _LAYOUT, json.dumps(NODE_PATHS.inventory_vars(), sort_keys=True).encode()
 
 
 def image_digest(base_image: str, base_image_id: str, *, root: Path = REPO_ROOT) -> str:
     """SHA-256 (first 16 hex digits) of everything that goes into the image.
 
     Relative paths in sorted order, so the same files give the same digest in any clone on
-    any machine; the base image counts by name and by id (a re-pulled tag is another base).
+    any machine; the base image counts by name and by id (a re-pulled tag is another base);
+    the node layout counts by its values (``NODE_PATHS``).
     """
     h = hashlib.sha256()
     h.update(f"format={BAKE_FORMAT}\0cmd={NODE_CMD}\0".encode())
@@ -347,6 +354,8 @@ def _run_image_playbook(
                 }
             },
             "vars": {
+                # The node layout, as in a stack's inventory (infra.topology.inventory).
+                **NODE_PATHS.inventory_vars(),
                 "trainstack_wheelhouse_dir": str(wheelhouse),
                 "trainstack_wheelhouse_mount": WHEELHOUSE_MOUNT,
                 "trainstack_image_digest": tag.rsplit(":", 1)[1],
