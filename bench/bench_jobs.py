@@ -36,6 +36,7 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bench.common import emit
+from infra.nodes import NODE_PATHS
 from tests.support.stacks import ROOT, Stack
 
 EXAMPLE = ROOT / "examples" / "digits"
@@ -156,7 +157,7 @@ def main() -> None:
             result["job_startup_before_training_s"] = round(
                 split["spark_startup"] + split["data"] + split["tensorflow_startup"], 2
             )
-            run_dir = f"/srv/trainstack/models/{job_id}"
+            run_dir = f"{NODE_PATHS.models_dir}/{job_id}"
             ended = {int(r["epoch"]): float(r["ended_at"]) for r in epoch_rows(control, run_dir)}
             arrivals = {
                 int(line.split()[2].split("/")[0]): t
@@ -206,7 +207,7 @@ def main() -> None:
             gone = []
             for n in range(args.cycles):
                 job_id, _ = submit(stack, EXAMPLE, "--epochs", "50")
-                run_dir = f"/srv/trainstack/models/{job_id}"
+                run_dir = f"{NODE_PATHS.models_dir}/{job_id}"
                 deadline = time.monotonic() + 300
                 while not epoch_rows(control, run_dir) and time.monotonic() < deadline:
                     time.sleep(0.5)

@@ -28,10 +28,10 @@ def emit(result: dict, out: Path | None) -> None:
 
 def run_stack_job(container: str, master: str, args: list[str], conf: str, run: str) -> dict:
     """Run `trainstack-train` on a stack's node as the job user (as `pulumi up` does) with
-    `--spark-conf conf` and `args`; its output under /srv/trainstack/models/bench-<run>.
+    `--spark-conf conf` and `args`; its output under <models dir>/bench-<run>.
     The job is the stack's default, examples/digits, which `pulumi up` shipped to the cluster.
     Returns the job's summary line; exits with its output when the job fails."""
-    from infra.components.training import JOBS_DIR, NODE_ENV, NODE_VENV
+    from infra.components.training import JOBS_DIR, MODELS_DIR, NODE_ENV, NODE_VENV
     from infra.config.values import PROJECT_DIR
     from infra.jobs import pack
 
@@ -43,7 +43,7 @@ def run_stack_job(container: str, master: str, args: list[str], conf: str, run: 
         master,
         *args,
         "--output",
-        f"/srv/trainstack/models/bench-{run}",
+        f"{MODELS_DIR}/bench-{run}",
         "--spark-conf",
         conf,
     ]

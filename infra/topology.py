@@ -12,6 +12,7 @@ from pathlib import Path
 
 from infra.config import StackConfig
 from infra.config.servers import ROLES, Server
+from infra.nodes import NODE_PATHS
 
 SPARK_MASTER_PORT = 7077
 SPARK_MASTER_UI_PORT = 8080
@@ -21,15 +22,11 @@ PUSHGATEWAY_PORT = 9091
 MONITORING_ROLE = "monitoring"
 GROUPS = ("control", "workers", *ROLES)
 
-# Where the roles expect each volume (docs/provisioning.md is the contract).
-SHARED_MOUNTS = {
-    "data": "/srv/trainstack/data",
-    "checkpoints": "/srv/trainstack/checkpoints",
-    "models": "/srv/trainstack/models",
-}
-ZOOKEEPER_MOUNT = "/var/lib/trainstack/zookeeper"
-SPARK_RECOVERY_MOUNT = "/var/lib/trainstack/spark-recovery"
-WHEELHOUSE_MOUNT = "/mnt/trainstack/wheelhouse"
+# Where each volume is mounted: the node layout (infra/nodes.py), which the inventory hands the
+# roles (docs/provisioning.md is the contract).
+SHARED_MOUNTS = NODE_PATHS.shared_dirs
+ZOOKEEPER_MOUNT = NODE_PATHS.zookeeper_data_dir
+SPARK_RECOVERY_MOUNT = NODE_PATHS.spark_recovery_dir
 
 LABEL_PROJECT = "org.trainstack.project"
 LABEL_STACK = "org.trainstack.stack"
@@ -233,6 +230,8 @@ def inventory(
         "trainstack_zookeeper_connect": zookeeper_connect(nodes, reach),
         "trainstack_spark_network_crypto": config.spark_network_crypto,
         "trainstack_spark_io_encryption": config.spark_io_encryption,
+        # The node layout, which playbooks/group_vars/all.yml hands the roles.
+        **NODE_PATHS.inventory_vars(),
     }
     if servers is not None:
         all_vars.update(_ssh_vars(known_hosts))
@@ -295,6 +294,8 @@ def teardown_inventory(servers: Sequence[Server], known_hosts: str | Path) -> di
                 "ansible_connection": "ssh",
                 "ansible_python_interpreter": "/usr/bin/python3",
                 **_ssh_vars(str(known_hosts)),
+                # The roles' teardown tasks remove the paths of the node layout.
+                **NODE_PATHS.inventory_vars(),
             },
             "hosts": {server.name: _ssh_host(server) for server in servers},
         }

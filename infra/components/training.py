@@ -44,10 +44,10 @@ __all__ = ["JOBS_DIR", "JOB_USER", "MODELS_DIR", "NODE_ENV", "NODE_VENV", "Train
 short_provider_errors()
 
 # TEST ONLY: when the `pulumi` process has this variable (a path on the cluster's shared
-# storage, e.g. /srv/trainstack/models/.test-hold), the job is launched with `--hold-file` and
-# every worker waits at an epoch end while that file exists (docs/training.md, "Test-only
-# hooks"). Read at launch, never stored in the resource's inputs: setting or unsetting it
-# changes no diff and launches no run.
+# storage, e.g. <MODELS_DIR>/.test-hold), the job is launched with `--hold-file` and every
+# worker waits at an epoch end while that file exists (docs/training.md, "Test-only hooks").
+# Read at launch, never stored in the resource's inputs: setting or unsetting it changes no
+# diff and launches no run.
 TEST_HOLD_FILE_ENV = "TRAINSTACK_TEST_HOLD_FILE"
 # What is copied back to the host; shards and the backup stay on the cluster's volume.
 RESULT_FILES = ("model.keras", "metrics.json", "curves.png")

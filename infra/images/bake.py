@@ -17,6 +17,7 @@ A tag that exists is reused as it is; ``force=True`` bakes again.
 from __future__ import annotations
 
 import contextlib
+import json
 import re
 import shutil
 import sys
@@ -32,9 +33,9 @@ import docker.errors
 
 from infra.digest import tree_digest
 from infra.engine import EngineError, docker_client
+from infra.nodes import NODE_PATHS, WHEELHOUSE_MOUNT
 from infra.provisioning.runner import TaskEvent, run_playbook
 from infra.provisioning.wheelhouse import WheelhouseError, build_node_wheelhouse
-from infra.topology import WHEELHOUSE_MOUNT
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 DEFAULT_BASE_IMAGE = "debian:bookworm"
@@ -69,6 +70,7 @@ _DIGEST_FILES = (
     "constraints.txt",
 )
 _PINS_FILE = "infra/provisioning/wheelhouse.py"
+_LAYOUT = "infra/nodes.py#layout"
 _PIN_LINE = re.compile(r'^[A-Z][A-Z0-9_]* = "[^"]*"', re.MULTILINE)
 
 
@@ -94,7 +96,9 @@ def image_digest(base_image: str, base_image_id: str, *, root: Path = REPO_ROOT)
     """The digest of everything that goes into the image (`infra.digest.tree_digest`).
 
     The base image counts by name and by id (a re-pulled tag is another base); of the pins
-    file only its pin lines count.
+    file only its pin lines count; the node layout counts by its values (``NODE_PATHS``: it
+    reaches the roles through the inventory, not through a file above, so the values of the
+    running program count, whatever `root`).
     """
     pins = root / _PINS_FILE
     text = pins.read_text() if pins.is_file() else ""
@@ -102,7 +106,10 @@ def image_digest(base_image: str, base_image_id: str, *, root: Path = REPO_ROOT)
         root,
         (*_DIGEST_TREES, *_DIGEST_FILES),
         header=f"format={BAKE_FORMAT}\0cmd={NODE_CMD}\0base={base_image}\0id={base_image_id}\0",
-        extra=[(_PINS_FILE + "#pins", "\n".join(_PIN_LINE.findall(text)).encode())],
+        extra=[
+            (_PINS_FILE + "#pins", "\n".join(_PIN_LINE.findall(text)).encode()),
+            (_LAYOUT, json.dumps(NODE_PATHS.inventory_vars(), sort_keys=True).encode()),
+        ],
     )
 
 
@@ -319,6 +326,8 @@ def _run_image_playbook(
                 }
             },
             "vars": {
+                # The node layout, as in a stack's inventory (infra.topology.inventory).
+                **NODE_PATHS.inventory_vars(),
                 "trainstack_wheelhouse_dir": str(wheelhouse),
                 "trainstack_wheelhouse_mount": WHEELHOUSE_MOUNT,
                 "trainstack_image_digest": tag.rsplit(":", 1)[1],

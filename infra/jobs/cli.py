@@ -9,8 +9,8 @@
 The stack is picked as Pulumi picks it: `--stack`/`-s`, or the selected stack. Everything goes
 over the stack's own transports (`docker exec` on the local stack, SSH on the ssh target):
 no new port. Job records live on the cluster's shared storage beside the runs
-(`/srv/trainstack/models/<job id>/job.json`), so any node, and any machine with the stack,
-sees the same jobs.
+(`<models dir>/<job id>/job.json`, `NODE_PATHS.models_dir` of infra/nodes.py), so any node,
+and any machine with the stack, sees the same jobs.
 
 Exit codes: 0 done; 1 the job failed or was cancelled (`status`, `logs -f`); 2 bad input (a bad
 job directory, an unknown job); 3 the stack or its nodes cannot be reached.

@@ -33,10 +33,11 @@ from packaging.requirements import InvalidRequirement, Requirement
 from packaging.utils import canonicalize_name, parse_wheel_filename
 
 from infra.errors import UserFacingError
+from infra.nodes import NODE_PATHS
 from infra.transport import Transport, TransportError
 
 # Where overlays live on the nodes (shared storage, beside the runs and the jobs' code).
-ENVS_DIR = "/srv/trainstack/models/envs"
+ENVS_DIR = f"{NODE_PATHS.models_dir}/envs"
 # Where locks and their wheels are cached on this machine.
 CACHE_DIR = Path(os.environ.get("XDG_CACHE_HOME", "~/.cache")).expanduser() / "trainstack" / "envs"
 CONSTRAINTS = Path(__file__).resolve().parents[2] / "constraints.txt"

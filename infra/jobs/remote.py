@@ -13,20 +13,22 @@ from typing import Any
 
 from infra.errors import UserFacingError
 from infra.jobs.package import JobDirError, Packed, pack, unpack_command
+from infra.nodes import NODE_PATHS
 from infra.transport import Transport, TransportError, transports_for
 
-NODE_VENV = "/opt/trainstack/venv"
-MODELS_DIR = "/srv/trainstack/models"
+# The node layout (infra/nodes.py): the venv the roles install into, the runs' shared storage.
+NODE_VENV = NODE_PATHS.venv_dir
+MODELS_DIR = NODE_PATHS.models_dir
 # The jobs' code, content-addressed (<sha>/), on the same shared volume as the runs.
 JOBS_DIR = f"{MODELS_DIR}/jobs"
 # One barrier job at a time: the stack's job and submitted jobs take this lock (flock).
 QUEUE_LOCK = f"{MODELS_DIR}/.barrier.lock"
 JOB_USER = "trainstack"
-# What a login shell on a node gets from /etc/profile.d/trainstack.sh: Spark's client config
-# (the multi-master URL, spark.authenticate and the secret) and the Python that executors
-# must run (the node's venv, which has the training package).
+# What a login shell on a node gets from the common role's profile (NODE_PATHS.profile_file):
+# Spark's client config (the multi-master URL, spark.authenticate and the secret) and the
+# Python that executors must run (the node's venv, which has the training package).
 NODE_ENV = {
-    "SPARK_CONF_DIR": "/etc/trainstack/spark",
+    "SPARK_CONF_DIR": NODE_PATHS.spark_conf_dir,
     "PYSPARK_PYTHON": f"{NODE_VENV}/bin/python",
     "PYTHONUNBUFFERED": "1",
 }

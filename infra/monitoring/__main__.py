@@ -62,7 +62,6 @@ def render(out: Path, config: StackConfig | None = None) -> None:
                     "ansible_connection": "local",
                     "ansible_python_interpreter": sys.executable,
                     "prometheus_conf_dir": str(out),
-                    "common_conf_dir": str(out),
                 }
             ),
         ]

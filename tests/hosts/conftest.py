@@ -20,6 +20,8 @@ import sys
 import pytest
 import testinfra.utils.ansible_runner
 
+from infra.nodes import NODE_PATHS
+
 
 def pytest_configure(config):
     # testinfra runs ansible-inventory / ansible from PATH: use the ones of this interpreter's venv.
@@ -104,7 +106,7 @@ def masters(inventory, node_vars) -> list[str]:
     return [address_of(node_vars, h) for h in inventory.get_hosts("spark_master")]
 
 
-VENV = "/opt/trainstack/venv"
+VENV = NODE_PATHS.venv_dir
 
 
 def fetch_json(host, url: str) -> dict:

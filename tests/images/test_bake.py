@@ -27,6 +27,7 @@ import pytest
 import yaml
 
 from infra.config import StackConfig
+from infra.nodes import NODE_PATHS
 from infra.provisioning import run_playbook
 from infra.provisioning.wheelhouse import WheelhouseError, build_node_wheelhouse
 from tests.support import cluster as cl
@@ -37,7 +38,7 @@ REPO = Path(__file__).resolve().parents[2]
 # The package re-exports the function `bake`, which hides the module of the same name.
 b = importlib.import_module("infra.images.bake")
 WHEELHOUSE = Path(os.environ.get("TRAINSTACK_WHEELHOUSE", cl.CACHE / "wheelhouse"))
-VENV_PY = "/opt/trainstack/venv/bin/python"
+VENV_PY = f"{NODE_PATHS.venv_dir}/bin/python"
 pytestmark = pytest.mark.provisioning
 
 

@@ -105,6 +105,16 @@ def test_pins_count_not_the_rest_of_wheelhouse_py(tree):
     assert b.image_digest(*BASE, root=tree) != before
 
 
+def test_the_node_layout_counts(tree, monkeypatch):
+    """The roles get the node paths from the inventory (infra/nodes.py), not from a file the
+    digest reads: a moved path changes what the image holds, so it changes the digest."""
+    from dataclasses import replace
+
+    before = b.image_digest(*BASE, root=tree)
+    monkeypatch.setattr(b, "NODE_PATHS", replace(b.NODE_PATHS, venv_dir="/opt/elsewhere/venv"))
+    assert b.image_digest(*BASE, root=tree) != before
+
+
 def test_base_image_name_and_id_count(tree):
     digest = b.image_digest(*BASE, root=tree)
     assert b.image_digest("debian:trixie", BASE[1], root=tree) != digest

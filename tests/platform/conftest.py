@@ -32,6 +32,7 @@ from typing import Any
 
 import pytest
 
+from infra.nodes import NODE_PATHS
 from tests.support.stacks import Stack
 
 CONFIG = {
@@ -44,8 +45,8 @@ CONFIG = {
     "trainWorkers": "2",
 }
 WORKERS = 2  # until test_60_scaling adds the third
-MODELS = "/srv/trainstack/models"
-DATA = "/srv/trainstack/data"
+MODELS = NODE_PATHS.models_dir
+DATA = NODE_PATHS.data_dir
 # The job's test-only hold hook: while this file exists, the run waits at each epoch's end.
 HOLD_ENV = "TRAINSTACK_TEST_HOLD_FILE"
 HOLD_FILE = f"{MODELS}/.test-hold"

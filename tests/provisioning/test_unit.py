@@ -16,6 +16,7 @@ import yaml
 
 from infra import topology
 from infra.config import StackConfig
+from infra.nodes import NODE_PATHS
 from infra.provisioning import inventory as inv
 from infra.provisioning import runner, wheelhouse
 
@@ -148,6 +149,8 @@ def test_program_inventory_contract():
     assert worker["trainstack_spark_worker_memory"] == "1g"
     assert groups["control"]["hosts"]["control-2"]["trainstack_zookeeper_id"] == 2
     assert data["all"]["vars"]["trainstack_stack"] == "t"
+    # The node layout, which playbooks/group_vars maps onto the roles (test_node_layout.py).
+    assert NODE_PATHS.inventory_vars().items() <= data["all"]["vars"].items()
     # No secret in it: the program passes the Spark auth secret apart (SECRET_ENV).
     assert inv.split_secrets(data) == (data, {})
 

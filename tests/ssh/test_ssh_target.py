@@ -20,6 +20,7 @@ from pathlib import Path
 
 import pytest
 
+from infra.nodes import NODE_PATHS, SHARED_ROOT
 from tests.support.sshd import SshServers, make_key
 from tests.support.stacks import (
     ROOT,
@@ -45,13 +46,13 @@ CONFIG = {
     "trainWorkers": "2",
 }
 # What trainstack puts on a server, and what its teardown must take away again.
-INSTALLED = ("/opt/trainstack", "/etc/trainstack", "/var/lib/trainstack", "/var/log/trainstack")
-MODELS = "/srv/trainstack/models"
+INSTALLED = (NODE_PATHS.install_dir, NODE_PATHS.conf_dir, NODE_PATHS.home_dir, NODE_PATHS.log_dir)
+MODELS = NODE_PATHS.models_dir
 # The job's test-only hold hook (docs/training.md#test-only-hooks): the first run waits after
 # its first epoch while this file exists on the shared mount, so a worker is killed mid-run
 # without racing the job.
 HOLD_ENV = "TRAINSTACK_TEST_HOLD_FILE"
-HOLD_FILE = "/srv/trainstack/.test-hold"
+HOLD_FILE = f"{SHARED_ROOT}/.test-hold"
 
 
 @pytest.fixture(scope="module")

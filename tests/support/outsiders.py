@@ -11,10 +11,11 @@ import time
 
 import docker
 
+from infra.nodes import NODE_PATHS
 from tests.support.stacks import LABEL_STACK, ROOT, Stack
 
-SPARK_HOME = "/opt/trainstack/venv/lib/python3.11/site-packages/pyspark"
-JAAS_CLIENT = "/etc/trainstack/spark/zookeeper-client.jaas"
+SPARK_HOME = f"{NODE_PATHS.venv_dir}/lib/python3.11/site-packages/pyspark"
+JAAS_CLIENT = f"{NODE_PATHS.spark_conf_dir}/zookeeper-client.jaas"
 APP_NAME = "outsider-app"
 
 

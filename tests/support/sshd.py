@@ -19,9 +19,11 @@ from pathlib import Path
 
 import docker
 
+from infra.nodes import SHARED_ROOT
+
 BASE_IMAGE = "debian:bookworm"
 LOGIN_USER = "deploy"
-SHARED_MOUNT = "/srv/trainstack"
+SHARED_MOUNT = SHARED_ROOT
 LABEL = "org.trainstack.test-sshd"
 _HOME = f"/home/{LOGIN_USER}"
 START = " && ".join(
