@@ -17,10 +17,11 @@ from trainstack_training.config import DIGITS
 
 from infra import config as stack_config
 from infra.components.provisioning import Provisioning, ProvisioningArgs, tree_digest
-from infra.components.training import JOBS_DIR, Training, TrainingArgs
+from infra.components.training import Training, TrainingArgs
 from infra.config.values import PROJECT_DIR
 from infra.jobs import JobDirError, envs, pack
 from infra.jobs.envs import EnvError
+from infra.jobs.remote import JOBS_DIR
 from infra.targets import docker as docker_target
 from infra.targets import ssh as ssh_target
 from infra.targets.base import ClusterOutputs, TargetArgs

@@ -25,21 +25,11 @@ from pulumi.dynamic import CreateResult, DiffResult, Resource, ResourceProvider,
 from trainstack_training.ranklog import RANK_LOG
 
 from infra.errors import UserFacingError, short_provider_errors, write_details
-from infra.jobs import envs
-from infra.jobs.remote import (
-    JOB_USER,
-    JOBS_DIR,
-    MODELS_DIR,
-    NODE_ENV,
-    NODE_VENV,
-    QUEUE_LOCK,
-    RemoteError,
-    ship_directory,
-    submitter,
-)
+from infra.jobs import envs, remote
+from infra.jobs.remote import RemoteError, ship_directory, submitter
 from infra.transport import Transport, TransportError, transports_for
 
-__all__ = ["JOBS_DIR", "JOB_USER", "MODELS_DIR", "NODE_ENV", "NODE_VENV", "Training"]
+__all__ = ["Training", "TrainingArgs"]
 
 short_provider_errors()
 
@@ -190,7 +180,7 @@ def _ship_job(node: Transport, props: dict[str, Any]) -> None:
     if env_sha:
         env = envs.Env(env_sha, (), Path(props.get("env_wheels") or "/nonexistent"))
         try:
-            envs.install(node, env, f"{NODE_VENV}/bin/python", JOB_USER)
+            envs.install(node, env, f"{remote.NODE_VENV}/bin/python", remote.JOB_USER)
         except envs.EnvError as exc:
             raise TrainingError(f"training job: {exc}") from None
 
@@ -208,8 +198,8 @@ def _job_command(props: dict[str, Any], run_dir: str, hold_file: str = "") -> li
     command = [
         # One barrier job at a time: jobs from `trainstack submit` take the same lock.
         "flock",
-        QUEUE_LOCK,
-        f"{NODE_VENV}/bin/trainstack-train",
+        remote.QUEUE_LOCK,
+        f"{remote.NODE_VENV}/bin/trainstack-train",
         "--master",
         props["master_url"],
         "--workers",
@@ -228,7 +218,7 @@ def _job_command(props: dict[str, Any], run_dir: str, hold_file: str = "") -> li
         settings["spark_conf"],
     ]
     if settings.get("job_sha"):  # absent in the state of runs launched before jobs
-        command += ["--job-dir", f"{JOBS_DIR}/{settings['job_sha']}"]
+        command += ["--job-dir", f"{remote.JOBS_DIR}/{settings['job_sha']}"]
         command += ["--job-params", settings.get("job_params") or "{}"]
     if settings.get("env_sha"):
         command += ["--job-env", envs.Env(settings["env_sha"], (), Path()).site]
@@ -244,7 +234,7 @@ class _TrainingJobProvider(ResourceProvider):
     serialize_as_secret_always = False
 
     def _run(self, props: dict[str, Any]) -> dict[str, Any]:
-        run_dir = f"{MODELS_DIR}/{props['run_id']}"
+        run_dir = f"{remote.MODELS_DIR}/{props['run_id']}"
         candidates = _candidates(props)
         _stop_earlier_launches(candidates, run_dir)
         node = _submitter(candidates)
@@ -261,7 +251,7 @@ class _TrainingJobProvider(ResourceProvider):
         started = time.time()
         # As the daemons' user, who owns the shared storage and Spark's client config (with
         # the cluster's auth secret, mode 0600).
-        code, stdout = node.stream(command, env=NODE_ENV, user=JOB_USER)
+        code, stdout = node.stream(command, env=remote.NODE_ENV, user=remote.JOB_USER)
         finished = time.time()
         lines = [line for line in stdout.strip().splitlines() if line.startswith("{")]
         summary = json.loads(lines[-1]) if lines else {}

@@ -461,7 +461,7 @@ def test_a_run_goes_through_the_first_healthy_node(monkeypatch, tmp_path):
     out = training._TrainingJobProvider()._run(props)["result"]
     assert seen == [nodes]
     argv, env, user = worker.streamed
-    assert user == "trainstack" and env == training.NODE_ENV
+    assert user == "trainstack" and env == training.remote.NODE_ENV
     assert argv[argv.index("--output") + 1] == run_dir
     assert out["submitted_on"] == "w2"
     assert out["copy_command"] == f"fetch w2:{run_dir}"
