@@ -16,6 +16,8 @@ from __future__ import annotations
 
 import json
 import re
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -238,6 +240,37 @@ def test_second_up_changes_nothing_and_launches_no_training(settled):
     stack.run("preview", "--expect-no-changes")
     second = stack.up()
     assert "launching on" not in second.stdout
+
+
+def test_a_submitted_job_runs_over_ssh_and_logs_follow_it(settled):
+    """`trainstack submit`, `logs -f` and `status` on the ssh target (docs/jobs.md): the CLI
+    reaches the servers over SSH with the stack's key and recorded host keys, as the program
+    does, and opens no port. A submitted job changes nothing in the stack."""
+    stack, _, _ = settled
+
+    def trainstack(*args: str) -> subprocess.CompletedProcess:
+        return subprocess.run(
+            [sys.executable, "-m", "infra.jobs.cli", "-s", stack.name, *args],
+            cwd=ROOT,
+            env=stack.env,
+            capture_output=True,
+            text=True,
+            timeout=600,
+            check=False,
+        )
+
+    submitted = trainstack("submit", str(ROOT / "examples" / "digits"), "--epochs", "2")
+    assert submitted.returncode == 0, submitted.stdout + submitted.stderr
+    job = submitted.stdout.strip()
+    assert job.startswith("job-"), submitted.stdout
+    logs = trainstack("logs", "-f", job)
+    assert logs.returncode == 0, logs.stdout[-3000:] + logs.stderr
+    for epoch in (1, 2):
+        assert f"[trainstack] epoch {epoch}/2 " in logs.stdout, logs.stdout[-3000:]
+    assert "[trainstack] job succeeded" in logs.stdout, logs.stdout[-3000:]
+    record = json.loads(trainstack("status", job, "--json").stdout)
+    assert record["state"] == "succeeded" and record["result"]["epochs"] == 2, record
+    stack.run("preview", "--expect-no-changes")
 
 
 def test_an_unreachable_server_fails_the_up_by_name_and_touches_nothing(settled):
