@@ -37,12 +37,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bench.common import emit
 from infra.nodes import NODE_PATHS
+from tests.support.jobs import JOB_PROCESSES
 from tests.support.stacks import ROOT, Stack
 
 EXAMPLE = ROOT / "examples" / "digits"
-JOB_PROCESSES = (
-    "[t]rainstack_training|[t]rainstack-train|[C]oarseGrainedExecutorBackend|[p]yspark.daemon"
-)
 CONFIG = {"uiPortBase": "0", "monitoringPort": "0", "trainEpochs": "8", "trainWorkers": "2"}
 
 
@@ -100,10 +98,10 @@ def job_processes(workers: list[str]) -> int:
     count = 0
     for container in workers:
         out = subprocess.run(
-            ["docker", "exec", container, "sh", "-c", f"pgrep -f '{JOB_PROCESSES}' || true"],
+            ["docker", "exec", container, "sh", "-c", JOB_PROCESSES],
             capture_output=True, text=True, check=False,
         ).stdout  # fmt: skip
-        count += len(out.split())
+        count += len(out.splitlines())
     return count
 
 

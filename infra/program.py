@@ -63,11 +63,14 @@ def training_settings(
         # single: the one TensorFlow worker takes all of its executor's cores
         "cores_per_worker": config.worker_spark_cores if config.train_strategy == "single" else 1,
         "spark_conf": DRIVER_CONF,
+        "runner_keep_alive": config.runner_keep_alive_seconds,
     }
 
 
 # Settings of the declared job alone, not defaults of a submitted one (jobDefaults).
 JOB_ONLY_SETTINGS = ("job_sha", "job_params", "env_sha")
+# Settings that change how a job runs, not what it trains.
+NOT_A_RETRAIN = ("runner_keep_alive",)
 
 
 def load_job(config: stack_config.StackConfig) -> JobSpec:
@@ -94,7 +97,8 @@ def training_trigger(config: stack_config.StackConfig, settings: dict) -> str:
     """What launches a new run: its settings, the package's source, the retrain token."""
     payload = json.dumps(
         {
-            "settings": settings,
+            # How long the warm runner stays up is not a reason to train again.
+            "settings": {k: v for k, v in settings.items() if k not in NOT_A_RETRAIN},
             "package": tree_digest(sources=("training",)),
             "retrain": config.retrain,
         },

@@ -190,6 +190,20 @@ def _duration_check(attr: str, low: float) -> Callable[[StackValues], str | None
     return check
 
 
+def _runner_keep_alive(c: StackValues) -> str | None:
+    text = str(c.runner_keep_alive).strip()
+    try:
+        seconds = 0.0 if text in ("0", "0s") else parse_duration(text)
+    except ValueError:
+        return (
+            f"{_key('runner_keep_alive')}: {c.runner_keep_alive!r} is not a duration; use 0 "
+            "(off) or a number with one unit of s, m, h (e.g. 10m)"
+        )
+    if text not in ("0", "0s") and seconds < 1:
+        return f"{_key('runner_keep_alive')}: {c.runner_keep_alive!r} is below the minimum of 1s"
+    return None
+
+
 def _monitoring_port(c: StackValues) -> str | None:
     port = c.monitoring_host_port
     if c.monitoring_port < -1 or (port != 0 and not 1024 <= port <= 65535):
@@ -278,6 +292,7 @@ CHECKS: list[Callable[[StackValues], str | None]] = [
     _duration_check("monitoring_scrape_interval", 1),
     _duration_check("monitoring_alert_for", 0),
     _duration_check("monitoring_progress_timeout", 60),
+    _runner_keep_alive,
     _target,
     _server_list,
     *aws.CHECKS,

@@ -59,6 +59,10 @@ class StackValues:
     train_rows: int = 0
     train_strategy: str = "multi-worker"
     retrain: str = ""
+    # The warm runner (docs/jobs.md): a Spark application that outlives a job on the submitting
+    # node and gives the cluster's cores back after this long without a job; "0" = off (each
+    # job starts and stops its own application).
+    runner_keep_alive: str = "10m"
     # Monitoring (docs/monitoring.md): Prometheus on the first control node.
     monitoring: bool = True
     monitoring_port: int = -1  # -1: uiPortBase + 1010 (19090), or 0 when uiPortBase is 0
@@ -103,6 +107,12 @@ class StackValues:
     @property
     def monitoring_progress_timeout_seconds(self) -> int:
         return int(parse_duration(self.monitoring_progress_timeout))
+
+    @property
+    def runner_keep_alive_seconds(self) -> int:
+        """The warm runner's keep-alive in seconds; 0 = no warm runner."""
+        text = str(self.runner_keep_alive).strip()
+        return 0 if text in ("0", "0s") else int(parse_duration(text))
 
     @property
     def job_path(self) -> Path:

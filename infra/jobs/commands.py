@@ -212,6 +212,7 @@ class Jobs:
             "--cores-per-worker", str(int(settings["cores_per_worker"])),
             "--spark-conf", str(settings["spark_conf"]),
             "--app-name", f"trainstack-{job_id}",
+            "--runner-keep-alive", str(int(settings.get("runner_keep_alive") or 0)),
             "--output", run_dir,
         ]  # fmt: skip
         detached = f"setsid nohup {shlex.join(command)} >/dev/null 2>&1 </dev/null &"

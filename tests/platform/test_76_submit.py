@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.support.jobs import JOB_PROCESSES
 from tests.support.stacks import ROOT, wait_until
 
 from .conftest import WORKERS, sh
@@ -22,12 +23,6 @@ pytestmark = pytest.mark.e2e
 
 EXAMPLES = ROOT / "examples"
 CLI = [sys.executable, "-m", "infra.jobs.cli"]
-# A job's processes on a node: the runner and the driver, the executor JVM and its Python
-# workers (the TensorFlow ranks). Each begins with a bracket, so the pattern does not match
-# the shell that runs pgrep with it.
-JOB_PROCESSES = (
-    "[t]rainstack_training|[t]rainstack-train|[C]oarseGrainedExecutorBackend|[p]yspark.daemon"
-)
 
 
 def trainstack(platform, *args: str, timeout: int = 300) -> subprocess.CompletedProcess:
@@ -53,7 +48,7 @@ def job_processes(platform) -> dict[str, str]:
     found = {}
     for i in range(1, WORKERS + 2):
         container = platform.container(f"worker-{i}")
-        code, out = sh(container, f"pgrep -af '{JOB_PROCESSES}' || true")
+        code, out = sh(container, JOB_PROCESSES)
         if code == 0 and out.strip():
             found[container] = out.strip()
     return found
@@ -153,8 +148,8 @@ def test_cancel_stops_a_running_job_and_leaves_no_process(platform):
     assert job_processes(platform), "the job was not running on any worker"
     stop = trainstack(platform, "cancel", job_id, timeout=60)
     assert stop.returncode == 0 and "cancelled" in stop.stdout, stop.stdout + stop.stderr
-    # cancel returns once the runner has recorded the end: the driver has stopped its Spark
-    # application; Spark's workers then end its executors (a second or two here: bench_jobs).
+    # cancel returns once the runner has recorded the end: the driver has cancelled its
+    # Spark jobs; Spark's executors then end their barrier tasks (a second or two here).
     stopped = time.monotonic()
     while job_processes(platform) and time.monotonic() - stopped < 30:
         time.sleep(0.5)

@@ -41,6 +41,8 @@ def test_strings_from_pulumi_config_are_typed():
         ({"imageRepository": "Trainstack Node"}, ["trainstack:imageRepository", "lowercase"]),
         ({"bakeImage": "perhaps"}, ["trainstack:bakeImage", "'perhaps'", "not a bool"]),
         ({"bindAddress": "localhost"}, ["trainstack:bindAddress", "'localhost'", "IPv4"]),
+        ({"runnerKeepAlive": "soon"}, ["trainstack:runnerKeepAlive", "'soon'", "0 (off)"]),
+        ({"runnerKeepAlive": "500ms"}, ["trainstack:runnerKeepAlive", "minimum of 1s"]),
     ],
 )
 def test_bad_values_are_named_with_what_is_allowed(raw, fragments):
@@ -90,3 +92,9 @@ def test_security_defaults_and_rotation_token():
     with pytest.raises(ConfigError) as err:
         StackConfig.from_mapping({"rotateSecrets": "a b"})
     assert "trainstack:rotateSecrets" in str(err.value) and "'a b'" in str(err.value)
+
+
+@pytest.mark.parametrize(("raw", "seconds"), [("10m", 600), ("0", 0), ("0s", 0), ("45s", 45)])
+def test_runner_keep_alive_in_seconds_and_zero_is_off(raw, seconds):
+    assert StackConfig.from_mapping({"runnerKeepAlive": raw}).runner_keep_alive_seconds == seconds
+    assert StackConfig().runner_keep_alive_seconds == 600

@@ -143,6 +143,14 @@ class TrainConfig:
         },
     )
     app_name: str = field(default="trainstack-train", metadata={"help": "Spark application name"})
+    runner_keep_alive: int = field(
+        default=0,
+        metadata={
+            "help": "run the job in the node's warm runner, a Spark application that outlives "
+            "the job and stops after this many idle seconds (trainstack_training.warm); "
+            "0 = the job's own Spark application, stopped at its end"
+        },
+    )
     spark_conf: str = field(
         default="",
         metadata={
@@ -209,6 +217,10 @@ class TrainConfig:
             (self.cores_per_worker >= 1, f"cores_per_worker={self.cores_per_worker}: must be >= 1"),
             (self.max_attempts >= 1, f"max_attempts={self.max_attempts}: must be >= 1"),
             (self.slot_wait_seconds >= 1, f"slot_wait_seconds={self.slot_wait_seconds}: >= 1"),
+            (
+                self.runner_keep_alive >= 0,
+                f"runner_keep_alive={self.runner_keep_alive}: must be >= 0 (0 = off)",
+            ),
             (
                 self.data_format in ("auto", "parquet", "csv"),
                 f"data_format={self.data_format!r}: allowed are auto, parquet, csv",

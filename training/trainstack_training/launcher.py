@@ -60,8 +60,9 @@ class CancelOnInterrupt:
     cancel into a "network" error): a thread cancels every job Spark runs until the driver
     has stopped, and the driver then raises JobCancelledError where the job was waiting."""
 
-    def __init__(self, sc: SparkContext) -> None:
+    def __init__(self, sc: SparkContext, group: str = "") -> None:
         self.sc = sc
+        self.group = group  # in a warm runner: only this job's Spark jobs
         self.requested = threading.Event()
         self.stopped = threading.Event()
 
@@ -84,7 +85,10 @@ class CancelOnInterrupt:
     def cancel_jobs(self) -> None:
         while not self.stopped.is_set():
             with contextlib.suppress(Exception):  # the context may be stopping meanwhile
-                self.sc.cancelAllJobs()
+                if self.group:
+                    self.sc.cancelJobGroup(self.group)
+                else:
+                    self.sc.cancelAllJobs()
             self.stopped.wait(1.0)
 
     def check(self) -> None:
@@ -99,37 +103,40 @@ def effective_master(cfg: TrainConfig) -> str:
     return f"local[{m.group(1)},{cfg.max_attempts}]" if m else cfg.master
 
 
-def build_context(cfg: TrainConfig) -> SparkContext:
+def context_settings(cfg: TrainConfig) -> dict[str, str]:
+    """The job's Spark settings (without the application name): what its context is built
+    with, and what a warm runner's context must have been built with for the job to run in it
+    (trainstack_training.warm)."""
+    master = effective_master(cfg)
+    settings = {
+        "spark.master": master,
+        # TF sets up its collectives once per process: a reused Python worker would hang in a
+        # second barrier job. Fresh workers also make TF_CONFIG-before-import hold.
+        "spark.python.worker.reuse": "false",
+        "spark.task.cpus": str(cfg.cores_per_worker),
+        # Fail fast (not after the default 10 minutes) when the barrier stage cannot get one
+        # slot per worker: check every second, give up after slot_wait_seconds checks.
+        "spark.scheduler.barrier.maxConcurrentTasksCheck.interval": "1s",
+        "spark.scheduler.barrier.maxConcurrentTasksCheck.maxFailures": str(cfg.slot_wait_seconds),
+        "spark.stage.maxConsecutiveAttempts": str(cfg.max_attempts),
+        "spark.task.maxFailures": str(cfg.max_attempts),
+        "spark.ui.showConsoleProgress": "false",
+    }
+    if master.startswith("local"):
+        # One machine: the executors are this process's children, so use this interpreter.
+        settings["spark.pyspark.python"] = sys.executable
+        settings["spark.pyspark.driver.python"] = sys.executable
+        settings["spark.ui.enabled"] = "false"
+    return {**settings, **cfg.spark_settings()}
+
+
+def build_context(cfg: TrainConfig, app_name: str = "") -> SparkContext:
     """The job's SparkContext: all the barrier stage needs. Spark SQL (`build_session`) starts
     only when the data stage needs it."""
     from pyspark import SparkConf, SparkContext
 
-    master = effective_master(cfg)
-    conf = (
-        SparkConf()
-        .setMaster(master)
-        .setAppName(cfg.app_name)
-        # TF sets up its collectives once per process: a reused Python worker would hang in a
-        # second barrier job. Fresh workers also make TF_CONFIG-before-import hold.
-        .set("spark.python.worker.reuse", "false")
-        .set("spark.task.cpus", str(cfg.cores_per_worker))
-        # Fail fast (not after the default 10 minutes) when the barrier stage cannot get one
-        # slot per worker: check every second, give up after slot_wait_seconds checks.
-        .set("spark.scheduler.barrier.maxConcurrentTasksCheck.interval", "1s")
-        .set(
-            "spark.scheduler.barrier.maxConcurrentTasksCheck.maxFailures",
-            str(cfg.slot_wait_seconds),
-        )
-        .set("spark.stage.maxConsecutiveAttempts", str(cfg.max_attempts))
-        .set("spark.task.maxFailures", str(cfg.max_attempts))
-        .set("spark.ui.showConsoleProgress", "false")
-    )
-    if master.startswith("local"):
-        # One machine: the executors are this process's children, so use this interpreter.
-        conf.set("spark.pyspark.python", sys.executable)
-        conf.set("spark.pyspark.driver.python", sys.executable)
-        conf.set("spark.ui.enabled", "false")
-    for key, value in cfg.spark_settings().items():
+    conf = SparkConf().setAppName(app_name or cfg.app_name)
+    for key, value in context_settings(cfg).items():
         conf.set(key, value)
     sc = SparkContext.getOrCreate(conf)
     sc.setLogLevel("ERROR")
@@ -150,21 +157,22 @@ def build_session(cfg: TrainConfig) -> SparkSession:
 FIRST_EXECUTOR_WAIT_SECONDS = 600
 
 
-def wait_for_slots(sc: SparkContext, cfg: TrainConfig) -> None:
+def wait_for_slots(sc: SparkContext, cfg: TrainConfig, since: float = 0.0) -> None:
     """Wait until the executors give one slot per worker. The executors start while the
     data stage runs; waiting here keeps their registration out of the training stage's time
     (their first task's start-up is still in it).
 
     Once some executors are there, wait as Spark itself waits for resources before it
     schedules (`spark.scheduler.maxRegisteredResourcesWaitingTime`, from the context's
-    start); while there are none, up to FIRST_EXECUTOR_WAIT_SECONDS. A cluster that never has
+    start, or from `since` when the job joined a context that was already up (a warm
+    runner); while there are none, up to FIRST_EXECUTOR_WAIT_SECONDS. A cluster that never has
     the slots is left to the barrier stage's own check, which fails with a ClusterError."""
     if effective_master(cfg).startswith("local"):
         return
     jsc = sc._jsc.sc()  # no Python API for the slot count
     try:
         profile = jsc.resourceProfileManager().defaultResourceProfile()
-        started = jsc.startTime() / 1000
+        started = max(jsc.startTime() / 1000, since)
         registered_wait = (
             jsc.conf().getTimeAsMs("spark.scheduler.maxRegisteredResourcesWaitingTime", "30s")
             / 1000
@@ -319,10 +327,21 @@ def run(cfg: TrainConfig) -> dict[str, Any]:
     if cfg.master.startswith("local"):
         os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     start = time.perf_counter()
+    started_at = time.time()
     phases: dict[str, float] = {}
-    sc = build_context(cfg)
+    attached = None
+    if cfg.runner_keep_alive > 0:
+        from trainstack_training.warm import WarmRunnerError, attach
+
+        try:
+            attached = attach(cfg, context_settings(cfg))
+        except WarmRunnerError as exc:
+            raise ClusterError(str(exc)) from None
+        sc = attached.sc
+    else:
+        sc = build_context(cfg)
     phases["spark_context"] = time.perf_counter() - start
-    cancel = CancelOnInterrupt(sc).__enter__()
+    cancel = CancelOnInterrupt(sc, attached.group if attached else "").__enter__()
     try:
 
         def session() -> SparkSession:
@@ -341,7 +360,7 @@ def run(cfg: TrainConfig) -> dict[str, Any]:
         # slot check fails just as fast.
         info = prepare(session, cfg, out / "data", before_distributed=slot_check)
         mark = time.perf_counter()
-        wait_for_slots(sc, cfg)
+        wait_for_slots(sc, cfg, attached.since if attached else 0.0)
         phases["spark_executors"] = time.perf_counter() - mark
         train_start = time.perf_counter()
         before_barrier = train_start - start
@@ -355,7 +374,10 @@ def run(cfg: TrainConfig) -> dict[str, Any]:
     finally:
         mark = time.perf_counter()
         cancel.__exit__()
-        sc.stop()
+        if attached:  # the warm runner's context stays up for the next job
+            attached.detach()
+        else:
+            sc.stop()
         phases["spark_stop"] = time.perf_counter() - mark
     if not _has_backup(out):
         # BackupAndRestore deletes its checkpoints on success but leaves the empty directories.
@@ -365,6 +387,9 @@ def run(cfg: TrainConfig) -> dict[str, Any]:
     write_outputs(metrics, out, plot=cfg.plot)
     phases["report"] = time.perf_counter() - mark
     metrics["total_seconds"] = time.perf_counter() - start
+    metrics["started_at"] = started_at  # wall clock, as first_step_at
+    # Where the job's Spark application came from: its own, or the warm runner's.
+    metrics["spark_application"] = attached.mode if attached else "own"
     metrics["job_phases"] = {**phases, **info.phases}
     # The data stage's own work: its time less the Spark start-up done inside it.
     data_work = info.seconds - phases.get("spark_sql_session", 0.0) - phases.get("slot_check", 0.0)

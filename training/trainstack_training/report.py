@@ -36,6 +36,7 @@ def build_metrics(
     total_wall: float,
 ) -> dict[str, Any]:
     epochs = read_epoch_log(out)
+    timings = [r.get("timings", {}) for r in results]
     attempts = max(1, count_attempts(out))
     train_secs = sum(float(e["train_seconds"]) for e in epochs)
     samples = sum(int(e["samples"]) for e in epochs)
@@ -67,7 +68,12 @@ def build_metrics(
         "total_seconds": total_wall,
         "peak_rss_mb_per_worker": [float(r["peak_rss_mb"]) for r in results],
         # per worker, seconds: task launch, TF import, strategy set-up, first step, steps, ...
-        "worker_timings": [r.get("timings", {}) for r in results],
+        "worker_timings": timings,
+        # Wall clock (epoch seconds) of the first training step of the job: when the first
+        # worker entered fit. `submit` to here is what a user waits before training.
+        "first_step_at": min(
+            (float(t["fit_start_at"]) for t in timings if "fit_start_at" in t), default=0.0
+        ),
         "data_path": info.path,
         "hosts": [r["host"] for r in results],
         "master": cfg.master,
@@ -179,9 +185,12 @@ def summary(metrics: dict[str, Any]) -> dict[str, Any]:
         "total_seconds",
         "time_split",
         "training_share",
+        "spark_application",
+        "started_at",
+        "first_step_at",
         "model_path",
         "metrics_path",
         "plot_path",
     )
     # "accuracy" is the final validation accuracy (the number callers compare runs by).
-    return {"accuracy": metrics["final_val_accuracy"], **{k: metrics[k] for k in keys}}
+    return {"accuracy": metrics["final_val_accuracy"], **{k: metrics.get(k) for k in keys}}

@@ -410,6 +410,7 @@ def timing_breakdown(marks: dict[str, float], timer: Any, fit_seconds: float) ->
         "save_model": marks["saved"] - marks["fit_end"],
         "worker_total": marks["saved"] - marks["task_start"],
         "task_start_at": marks["task_start"],  # wall clock; the launcher makes it relative
+        "fit_start_at": marks["fit_start"],  # wall clock: the first training step's start
     }
 
 

@@ -1,0 +1,113 @@
+"""The warm runner's bookkeeping (trainstack_training.warm) without Spark: its private
+directory, the settings key, leases of jobs that died, and the one-per-cluster stop request.
+The runner with real Spark and TensorFlow: tests/training/test_warm.py."""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+from trainstack_training import warm
+from trainstack_training.config import TrainConfig
+from trainstack_training.launcher import context_settings
+
+pytestmark = pytest.mark.unit
+
+
+def test_the_state_directory_is_private_and_a_readable_one_is_refused(tmp_path, monkeypatch):
+    path = tmp_path / "w"
+    monkeypatch.setenv("TRAINSTACK_WARM_DIR", str(path))
+    assert warm.state_dir() == path and path.stat().st_mode & 0o777 == 0o700
+    path.chmod(0o755)
+    with pytest.raises(warm.WarmRunnerError, match="mode 0700"):
+        warm.state_dir()
+
+
+def test_the_settings_key_changes_with_any_spark_setting_but_not_the_app_name():
+    base = TrainConfig(master="spark://a:7077,b:7077", workers=2)
+    key = warm.settings_key(context_settings(base))
+    renamed = TrainConfig(master="spark://a:7077,b:7077", workers=2, app_name="other")
+    assert warm.settings_key(context_settings(renamed)) == key
+    for changed in (
+        TrainConfig(master="spark://a:7077", workers=2),
+        TrainConfig(master="spark://a:7077,b:7077", workers=2, cores_per_worker=2),
+        TrainConfig(master="spark://a:7077,b:7077", spark_conf="spark.executor.memory=2g"),
+    ):
+        assert warm.settings_key(context_settings(changed)) != key
+
+
+def _runner(tmp_path: Path) -> warm.Runner:
+    state = tmp_path / "state"
+    state.mkdir(mode=0o700)
+    cfg = TrainConfig(master="spark://a:7077", output=str(tmp_path / "runs" / "run-1"))
+    (tmp_path / "runs").mkdir()
+    return warm.Runner(state, 60, "k", cfg)
+
+
+def test_a_lease_of_a_job_that_died_is_reaped_and_a_live_one_kept(tmp_path):
+    runner = _runner(tmp_path)
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()
+    warm._write_json(runner.state / f"lease-{dead.pid}", {"pid": dead.pid, "group": "g-dead"})
+    warm._write_json(runner.state / f"lease-{os.getpid()}", {"pid": os.getpid(), "group": "g"})
+    assert runner.reap() == 1
+    assert [p.name for p in runner.leases()] == [f"lease-{os.getpid()}"]
+
+
+def test_a_stop_request_stops_only_the_runner_it_names(tmp_path):
+    runner = _runner(tmp_path)
+    request = runner.runs_dir / warm.STOP_REQUEST
+    warm._write_json(request, {"host": runner.host, "pid": os.getpid() + 1}, 0o644)
+    assert not runner.asked_to_stop()  # an earlier runner on this host, gone since
+    warm._write_json(request, {"host": "elsewhere", "pid": os.getpid()}, 0o644)
+    assert not runner.asked_to_stop()
+    warm._write_json(request, {"host": runner.host, "pid": os.getpid()}, 0o644)
+    assert runner.asked_to_stop() and not request.exists()
+
+
+def test_a_runner_on_another_node_is_asked_to_stop_and_a_silent_one_ignored(tmp_path):
+    runs = tmp_path / "runs"
+    runs.mkdir()
+    said: list[str] = []
+    # Silent for longer than the staleness limit: its node went away with it.
+    stale = {"host": "worker-9", "pid": 7, "heartbeat": time.time() - 60}
+    warm._write_json(runs / warm.SHARED, stale, 0o644)
+    warm._evict_other_nodes(runs, said.append)
+    assert not said and not (runs / warm.STOP_REQUEST).exists()
+    # Beating: asked to stop; it answers by removing its registration.
+    live = {"host": "worker-9", "pid": 7, "heartbeat": time.time()}
+    warm._write_json(runs / warm.SHARED, live, 0o644)
+
+    def answer() -> None:
+        time.sleep(0.5)
+        assert warm._read_json(runs / warm.STOP_REQUEST) == {"host": "worker-9", "pid": 7}
+        (runs / warm.SHARED).unlink()
+
+    t = threading.Thread(target=answer)
+    t.start()
+    warm._evict_other_nodes(runs, said.append)
+    t.join()
+    assert said == ["stopping the warm runner on worker-9 (one per cluster)"]
+    # This node's own registration is never evicted.
+    warm._write_json(runs / warm.SHARED, {**live, "host": socket.gethostname()}, 0o644)
+    warm._evict_other_nodes(runs, said.append)
+    assert len(said) == 1
+
+
+def test_a_changed_spark_client_config_changes_the_key(tmp_path, monkeypatch):
+    """A secret rotation rewrites spark-defaults.conf: the runner from before is not used."""
+    settings = context_settings(TrainConfig(master="spark://a:7077"))
+    conf = tmp_path / "conf"
+    conf.mkdir()
+    (conf / "spark-defaults.conf").write_text("spark.authenticate.secret old\n")
+    monkeypatch.setenv("SPARK_CONF_DIR", str(conf))
+    before = warm.settings_key(settings)
+    assert warm.settings_key(settings) == before
+    (conf / "spark-defaults.conf").write_text("spark.authenticate.secret new\n")
+    assert warm.settings_key(settings) != before
