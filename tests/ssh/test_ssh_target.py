@@ -113,7 +113,7 @@ def epoch_rows(servers: SshServers, run_dir: str) -> list[dict]:
 
 
 def tensorflow_pids(servers: SshServers) -> list[tuple[str, int]]:
-    """(server, pid) of every process with TensorFlow loaded, looked up as its user."""
+    """(server, pid) of every TensorFlow worker (TENSORFLOW_PIDS), looked up as its user."""
     found = []
     for name in ("wrk-1", "wrk-2"):
         _, out = on(servers, name, TENSORFLOW_PIDS, user="trainstack")

@@ -299,6 +299,9 @@ def test_worker_environment_is_set_before_tensorflow(tmp_path: Path) -> None:
 
     code = (
         "import json, os\n"
+        # As in a task's worker: forked from the daemon that imported TensorFlow already.
+        "from trainstack_training.daemon import preload\n"
+        "preload()\n"
         "from trainstack_training.train import configure_environment, pin_to_cores\n"
         "tf_config = {'cluster': {'worker': ['h:1', 'h:2']}, 'task': {'type': 'worker', "
         "'index': 1}}\n"
@@ -310,6 +313,7 @@ def test_worker_environment_is_set_before_tensorflow(tmp_path: Path) -> None:
         "print(json.dumps([r.task_id, os.environ['TF_USE_LEGACY_KERAS'], "
         "tf.config.threading.get_intra_op_parallelism_threads(), "
         "len(os.sched_getaffinity(0)), tf.keras.__name__]))\n"
+        "tf.constant(1) + 1  # the runtime starts\n"
         "try:\n"
         "    configure_environment(None, 1)\n"
         "except RuntimeError as exc:\n"
@@ -321,7 +325,7 @@ def test_worker_environment_is_set_before_tensorflow(tmp_path: Path) -> None:
     task_id, legacy, intra, ncpu, keras_name = json.loads(lines[1])
     assert (task_id, legacy, intra, ncpu) == (1, "1", 1, 1)
     assert keras_name.startswith("tf_keras"), keras_name
-    assert lines[2].startswith("refused: TensorFlow is already imported")
+    assert lines[2].startswith("refused: TensorFlow's runtime already runs"), lines
 
 
 def test_input_pipelines_keep_their_shard_and_skip_autotuning() -> None:

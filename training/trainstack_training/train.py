@@ -62,12 +62,14 @@ class WorkerResult:
 
 
 def configure_environment(tf_config: dict[str, Any] | None, cores: int) -> None:
-    """Set what TensorFlow reads once, at import: must run before `import tensorflow`."""
-    if "tensorflow" in sys.modules:
+    """Set what TensorFlow reads once, when its runtime starts: before any op runs. TensorFlow
+    may be imported already (trainstack_training.daemon imports it before forking), but its
+    runtime must not have started."""
+    if tensorflow_runtime_started():
         # TF reads TF_CONFIG and builds its collective runtime once per process; a reused
         # process would silently keep the old cluster (hence spark.python.worker.reuse=false).
         raise RuntimeError(
-            "TensorFlow is already imported in this process; TF_CONFIG would "
+            "TensorFlow's runtime already runs in this process; TF_CONFIG would "
             "be ignored (is spark.python.worker.reuse on?)"
         )
     os.environ["TF_USE_LEGACY_KERAS"] = "1"
@@ -78,6 +80,17 @@ def configure_environment(tf_config: dict[str, Any] | None, cores: int) -> None:
         os.environ["TF_CONFIG"] = json.dumps(tf_config)
     else:
         os.environ.pop("TF_CONFIG", None)
+
+
+def tensorflow_runtime_started() -> bool:
+    """Whether TensorFlow's eager context has been initialized in this process (an import
+    alone does not initialize it)."""
+    if "tensorflow" not in sys.modules:
+        return False
+    from tensorflow.python.eager import context
+
+    ctx = context.context_safe()
+    return ctx is not None and ctx._context_handle is not None
 
 
 def import_tensorflow(cores: int) -> Any:

@@ -42,6 +42,7 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -64,6 +65,7 @@ POLL_SECONDS = 1.0
 HEARTBEAT_STALE_SECONDS = 10.0
 START_TIMEOUT_SECONDS = 300.0  # the JVM and the context (not the executors: the job waits)
 EVICT_TIMEOUT_SECONDS = 60.0
+WARM_UP_GROUP = "trainstack-warm-up"
 
 
 class WarmRunnerError(RuntimeError):
@@ -371,6 +373,7 @@ class Runner:
             f"up in {time.time() - started:.1f} s: application {self.sc.applicationId}, "
             f"keep-alive {self.keep_alive:.0f} s"
         )
+        threading.Thread(target=self.warm_executors, daemon=True).start()
         idle_since = time.monotonic()
         why = ""
         while not why:
@@ -393,6 +396,24 @@ class Runner:
                     idle_since = time.monotonic()
         self.stop(why)
         return 0
+
+    def warm_executors(self) -> None:
+        """Start the Python daemon on the executors now (one small task per TensorFlow
+        worker): each imports TensorFlow once (trainstack_training.daemon), while the first
+        job is still connecting and reading its data, not in its barrier stage."""
+        assert self.sc is not None
+        n = max(1, self.cfg.workers)
+        started = time.monotonic()
+        try:
+            self.sc.setJobGroup(WARM_UP_GROUP, "start the executors' Python daemons")
+            hosts = self.sc.parallelize(range(n), n).map(lambda _: socket.gethostname()).collect()
+        except Exception as exc:  # the runner works without it; the job pays the import
+            self.log(f"warming the executors failed: {str(exc).splitlines()[0][:200]}")
+            return
+        self.log(
+            f"executors' Python daemons up on {', '.join(sorted(set(hosts)))} "
+            f"in {time.monotonic() - started:.1f} s"
+        )
 
     def stop(self, why: str) -> None:
         self.log(f"stopping: {why}")
