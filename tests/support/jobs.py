@@ -9,6 +9,6 @@ from __future__ import annotations
 # design (docs/jobs.md, "The warm runner"). The patterns begin with a bracket, so they do not
 # match the shell that runs them.
 JOB_PROCESSES = (
-    "{ pgrep -af '[t]rainstack_training[.]runner|[t]rainstack-train'; "
+    "{ pgrep -af '[t]rainstack_training[.]runner |bin/[t]rainstack-train '; "
     "for d in $(pgrep -f '[p]yspark[.]daemon'); do pgrep -a -P $d; done; } || true"
 )

@@ -1,7 +1,7 @@
 """The warm runner: a Spark application that outlives a job, so that the next job pays no
 Spark start-up.
 
-    python -m trainstack_training.warm --state DIR --keep-alive SECONDS --config-json JSON
+    python -m trainstack_training.warm --state DIR --keep-alive SECONDS --key KEY
 
 `trainstack-train --runner-keep-alive N` (N > 0) runs its job in the warm
 runner of the node it runs on. It starts one when none runs there (or when the one there was
@@ -57,6 +57,7 @@ if TYPE_CHECKING:
 APP_NAME = "trainstack-runner"
 INFO = "runner.json"  # port, secret, settings key, pid: mode 0600
 LOG = "runner.log"
+CONFIG = "config.json"  # the settings of the job that started the runner
 LOCK = "lock"
 LEASE_PREFIX = "lease-"  # lease-<pid>: a job attached; holds its job group
 SHARED = ".warm-runner.json"  # in the runs directory: which node's runner holds the cores
@@ -188,10 +189,12 @@ def _start(state: Path, cfg: TrainConfig, key: str, say: Any) -> dict[str, Any]:
     """Start this node's runner for `cfg`'s settings and wait until its context is up."""
     (state / INFO).unlink(missing_ok=True)
     log = (state / LOG).open("ab")
+    # The job's settings in a file of the private directory, not on the command line (where
+    # every user's `ps` would show the job's parameters).
+    _write_json(state / CONFIG, cfg.to_dict())
     command = [
         sys.executable, "-m", "trainstack_training.warm",
-        "--state", str(state), "--keep-alive", str(cfg.runner_keep_alive),
-        "--key", key, "--config-json", json.dumps(cfg.to_dict()),
+        "--state", str(state), "--keep-alive", str(cfg.runner_keep_alive), "--key", key,
     ]  # fmt: skip
     proc = subprocess.Popen(
         command, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
@@ -432,9 +435,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--state", required=True)
     parser.add_argument("--keep-alive", type=float, required=True)
     parser.add_argument("--key", required=True)
-    parser.add_argument("--config-json", required=True)
     args = parser.parse_args(argv)
-    cfg = TrainConfig.from_dict(json.loads(args.config_json))
+    cfg = TrainConfig.from_dict(_read_json(Path(args.state) / CONFIG))
     return Runner(Path(args.state), args.keep_alive, args.key, cfg).serve()
 
 
