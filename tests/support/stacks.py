@@ -219,14 +219,14 @@ class BackgroundUp:
         return self.proc.returncode, self.output
 
 
-# Prints the pid of every TensorFlow worker: a process with TensorFlow loaded whose parent
-# has it loaded too, the executor's Python daemon that imported it before forking the task's
-# worker (trainstack_training.daemon; the daemon itself is not a worker). Run it as the job's
-# user (root in a container may not read another user's /proc/<pid>/maps).
+# Prints the pid of every TensorFlow worker: a process with TensorFlow loaded that is not an
+# executor's Python daemon (whose parent is the executor's JVM: in the warm runner the daemon
+# imports TensorFlow before forking the task's worker, trainstack_training.daemon). Run it as
+# the job's user (root in a container may not read another user's /proc/<pid>/maps).
 TENSORFLOW_PIDS = (
     "for p in /proc/[0-9]*; do grep -qs _pywrap_tensorflow $p/maps || continue; "
     "pp=$(cut -d' ' -f4 $p/stat 2>/dev/null); "
-    "grep -qs _pywrap_tensorflow /proc/$pp/maps && echo ${p#/proc/}; done; true"
+    '[ "$(cat /proc/$pp/comm 2>/dev/null)" = java ] || echo ${p#/proc/}; done; true'
 )
 
 

@@ -113,9 +113,6 @@ def context_settings(cfg: TrainConfig) -> dict[str, str]:
         # TF sets up its collectives once per process: a reused Python worker would hang in a
         # second barrier job. Fresh workers also make TF_CONFIG-before-import hold.
         "spark.python.worker.reuse": "false",
-        # ... forked from a daemon that has imported TensorFlow once (its runtime not started):
-        # a task's worker starts with the import paid (trainstack_training.daemon).
-        "spark.python.daemon.module": "trainstack_training.daemon",
         "spark.task.cpus": str(cfg.cores_per_worker),
         # Fail fast (not after the default 10 minutes) when the barrier stage cannot get one
         # slot per worker: check every second, give up after slot_wait_seconds checks.
@@ -130,6 +127,11 @@ def context_settings(cfg: TrainConfig) -> dict[str, str]:
         settings["spark.pyspark.python"] = sys.executable
         settings["spark.pyspark.driver.python"] = sys.executable
         settings["spark.ui.enabled"] = "false"
+    if cfg.runner_keep_alive > 0:
+        # In the warm runner, a task's worker is forked from a daemon that has imported
+        # TensorFlow once (its runtime not started): it starts with the import paid
+        # (trainstack_training.daemon).
+        settings["spark.python.daemon.module"] = "trainstack_training.daemon"
     return {**settings, **cfg.spark_settings()}
 
 
