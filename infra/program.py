@@ -63,7 +63,7 @@ def training_settings(
         # single: the one TensorFlow worker takes all of its executor's cores
         "cores_per_worker": config.worker_spark_cores if config.train_strategy == "single" else 1,
         "spark_conf": DRIVER_CONF,
-        "runner_keep_alive": config.runner_keep_alive_seconds,
+        "runner_keep_alive": int(config.runner_keep_alive_seconds),
     }
 
 

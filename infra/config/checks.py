@@ -191,15 +191,14 @@ def _duration_check(attr: str, low: float) -> Callable[[StackValues], str | None
 
 
 def _runner_keep_alive(c: StackValues) -> str | None:
-    text = str(c.runner_keep_alive).strip()
     try:
-        seconds = 0.0 if text in ("0", "0s") else parse_duration(text)
+        seconds = c.runner_keep_alive_seconds
     except ValueError:
         return (
             f"{_key('runner_keep_alive')}: {c.runner_keep_alive!r} is not a duration; use 0 "
             "(off) or a number with one unit of s, m, h (e.g. 10m)"
         )
-    if text not in ("0", "0s") and seconds < 1:
+    if 0 < seconds < 1:
         return f"{_key('runner_keep_alive')}: {c.runner_keep_alive!r} is below the minimum of 1s"
     return None
 

@@ -109,10 +109,11 @@ class StackValues:
         return int(parse_duration(self.monitoring_progress_timeout))
 
     @property
-    def runner_keep_alive_seconds(self) -> int:
-        """The warm runner's keep-alive in seconds; 0 = no warm runner."""
+    def runner_keep_alive_seconds(self) -> float:
+        """The warm runner's keep-alive in seconds; 0 = no warm runner (ValueError when it is
+        not a duration)."""
         text = str(self.runner_keep_alive).strip()
-        return 0 if text in ("0", "0s") else int(parse_duration(text))
+        return 0.0 if text in ("0", "0s") else parse_duration(text)
 
     @property
     def job_path(self) -> Path:

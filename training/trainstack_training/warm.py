@@ -63,6 +63,7 @@ LEASE_PREFIX = "lease-"  # lease-<pid>: a job attached; holds its job group
 SHARED = ".warm-runner.json"  # in the runs directory: which node's runner holds the cores
 STOP_REQUEST = ".warm-runner.stop"
 POLL_SECONDS = 1.0
+HEARTBEAT_SECONDS = 3.0  # how often the shared registration is rewritten
 HEARTBEAT_STALE_SECONDS = 10.0
 START_TIMEOUT_SECONDS = 300.0  # the JVM and the context (not the executors: the job waits)
 EVICT_TIMEOUT_SECONDS = 60.0
@@ -377,11 +378,13 @@ class Runner:
             f"keep-alive {self.keep_alive:.0f} s"
         )
         threading.Thread(target=self.warm_executors, daemon=True).start()
-        idle_since = time.monotonic()
+        idle_since = beaten = time.monotonic()
         why = ""
         while not why:
             time.sleep(POLL_SECONDS)
-            self.beat()
+            if time.monotonic() - beaten >= HEARTBEAT_SECONDS:
+                self.beat()
+                beaten = time.monotonic()
             if self.reap():
                 idle_since = time.monotonic()
             if self.stopping:
