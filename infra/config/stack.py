@@ -60,9 +60,9 @@ class StackValues:
     train_strategy: str = "multi-worker"
     retrain: str = ""
     # The warm runner (docs/jobs.md): a Spark application that outlives a job on the submitting
-    # node and gives the cluster's cores back after this long without a job, e.g. "10m"; "0"
-    # (the default until it passes every failure drill) = each job starts and stops its own.
-    runner_keep_alive: str = "0"
+    # node and gives the cluster's cores back after this long without a job; "0" = each job
+    # starts and stops its own.
+    runner_keep_alive: str = "10m"
     # Monitoring (docs/monitoring.md): Prometheus on the first control node.
     monitoring: bool = True
     monitoring_port: int = -1  # -1: uiPortBase + 1010 (19090), or 0 when uiPortBase is 0

@@ -43,6 +43,9 @@ CONFIG = {
     "trainEpochs": "8",
     # Fixed, so scaling the servers does not launch a new run.
     "trainWorkers": "2",
+    # The warm runner that the first `up`'s job starts stays up through the read-only modules
+    # (test_30_security checks who can reach it), however slowly they run.
+    "runnerKeepAlive": "30m",
 }
 WORKERS = 2  # until test_60_scaling adds the third
 MODELS = NODE_PATHS.models_dir

@@ -1,11 +1,13 @@
 """Security for shared networks on the shared stack, each check as an outsider (docs/security.md),
 read only: Spark refuses clients without the secret or without encryption, ZooKeeper refuses
-outsiders' writes and serves its quorum with SASL, and no secret is anywhere in plain text.
+outsiders' writes and serves its quorum with SASL, the warm runner takes work only from its
+node's job user, and no secret is anywhere in plain text.
 Changes nothing (rotation is test_50_rotation).
 """
 
 from __future__ import annotations
 
+import json
 import re
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -43,15 +45,45 @@ def test_the_stack_trained_with_encryption_on(secured):
     assert re.search(r"^spark\.network\.crypto\.enabled\s+true$", conf[1], re.M)
 
 
+def test_the_warm_runner_takes_work_only_from_its_nodes_job_user(secured):
+    """The warm runner (docs/jobs.md) started by the first `up`'s job: its Py4J gateway
+    listens on the node's loopback only, and its secret is readable by the job user alone."""
+    _, outputs = secured
+    submitter = outputs["jobNodes"][0]
+    container, name = submitter["container"], submitter["name"]
+    code, text = sh(container, "cat /tmp/trainstack-warm-*/runner.json", user="trainstack")
+    assert code == 0, f"no warm runner on {name}: {text}"
+    port = int(json.loads(text)["port"])
+    # Every listening socket on that port is bound to 127.0.0.1 (/proc/net/tcp, LISTEN = 0A).
+    code, table = sh(container, "cat /proc/net/tcp /proc/net/tcp6")
+    listening = [
+        line.split()[1]
+        for line in table.splitlines()[1:]
+        if len(line.split()) > 3
+        and line.split()[3] == "0A"
+        and line.split()[1].endswith(f":{port:04X}")
+    ]
+    assert listening and all(a.startswith("0100007F:") for a in listening), listening
+    # Another user of the node cannot read the secret, nor list the runner's directory.
+    code, out = sh(container, "cat /tmp/trainstack-warm-*/runner.json", user="nobody")
+    assert code != 0, out
+    code, out = sh(container, "ls /tmp/trainstack-warm-*/", user="nobody")
+    assert code != 0 and "Permission denied" in out, out
+    # An outsider on the cluster network reaches the node (its Spark worker UI, the control)
+    # but not the gateway.
+    probe = "timeout 5 bash -c 'exec 3<>/dev/tcp/{}/{}' && echo open || echo closed"
+    code, out = outsider(outputs, f"{probe.format(name, 8081)}; {probe.format(name, port)}")
+    assert [w for w in out.split() if w in ("open", "closed")] == ["open", "closed"], out
+
+
 @pytest.fixture(scope="module")
 def clients(secured):
     """Four Spark applications from an outsider container, at the same time (each refused one
     waits out its registration): no secret, a wrong secret, the right secret without
     encryption, and the right secret with encryption (the control)."""
     _, outputs = secured
-    # A warm runner (trainstack:runnerKeepAlive, docs/jobs.md) holds every core of the cluster
-    # while it is up: the control application would wait for one. Stop any; the next job
-    # starts it again.
+    # The warm runner holds every core of the cluster while it is up (docs/jobs.md): the
+    # control application would wait for one. Stop it; the next job starts it again.
     submitter = outputs["jobNodes"][0]["container"]
     sh(submitter, "pkill -TERM -f '[t]rainstack_training[.]warm'", user="trainstack")
     stopped = time.monotonic()

@@ -46,10 +46,9 @@ CONFIG = {
     "trainEpochs": "8",
     # Fixed, so removing a server does not launch a new run.
     "trainWorkers": "2",
-    # Each job in its own Spark application, as before the warm runner: the runner is tested
-    # on the docker target (tests/platform, tests/training); over SSH it is not tested yet
-    # (docs/jobs.md#the-warm-runner).
-    "runnerKeepAlive": "0",
+    # The warm runner that the first `up`'s job starts serves the submitted job however slowly
+    # the checks between them run (docs/jobs.md#the-warm-runner).
+    "runnerKeepAlive": "30m",
 }
 # What trainstack puts on a server, and what its teardown must take away again.
 INSTALLED = (NODE_PATHS.install_dir, NODE_PATHS.conf_dir, NODE_PATHS.home_dir, NODE_PATHS.log_dir)
@@ -274,6 +273,8 @@ def test_a_submitted_job_runs_over_ssh_and_logs_follow_it(settled):
     assert "[trainstack] job succeeded" in logs.stdout, logs.stdout[-3000:]
     record = json.loads(trainstack("status", job, "--json").stdout)
     assert record["state"] == "succeeded" and record["result"]["epochs"] == 2, record
+    # It ran in the warm runner that the first `up`'s job started on the same server.
+    assert record["result"]["spark_application"] == "warm-runner", record["result"]
     stack.run("preview", "--expect-no-changes")
 
 
@@ -327,3 +328,6 @@ def test_destroy_removes_trainstack_from_every_server(settled):
         for path in INSTALLED:
             code, _ = on(servers, name, f"test -e {path}")
             assert code != 0, f"{path} is still on {name}"
+        # Nor the warm runner's state (its gateway secret) in the node's /tmp.
+        code, out = on(servers, name, "ls -d /tmp/trainstack-warm-*")
+        assert code != 0, f"{out} is still on {name}"

@@ -97,4 +97,4 @@ def test_security_defaults_and_rotation_token():
 @pytest.mark.parametrize(("raw", "seconds"), [("10m", 600), ("0", 0), ("0s", 0), ("45s", 45)])
 def test_runner_keep_alive_in_seconds_and_zero_is_off(raw, seconds):
     assert StackConfig.from_mapping({"runnerKeepAlive": raw}).runner_keep_alive_seconds == seconds
-    assert StackConfig().runner_keep_alive_seconds == 0  # opt-in (docs/jobs.md)
+    assert StackConfig().runner_keep_alive_seconds == 600  # on by default (docs/jobs.md)

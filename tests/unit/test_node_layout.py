@@ -212,3 +212,9 @@ def test_the_python_users_read_the_layout():
     config = StackConfig()
     mounts = {m for n in topology.plan(config) for m in n.volumes.values()}
     assert mounts == {NODE_PATHS.zookeeper_data_dir, NODE_PATHS.spark_recovery_dir}
+
+
+def test_teardown_removes_the_warm_runners_state_where_the_runner_keeps_it():
+    from trainstack_training import warm
+
+    assert DEFAULTS["common_warm_runner_dir_prefix"] == warm.STATE_DIR_PREFIX

@@ -68,6 +68,9 @@ HEARTBEAT_STALE_SECONDS = 10.0
 START_TIMEOUT_SECONDS = 300.0  # the JVM and the context (not the executors: the job waits)
 EVICT_TIMEOUT_SECONDS = 60.0
 WARM_UP_GROUP = "trainstack-warm-up"
+# A user's runner state lives in STATE_DIR_PREFIX + uid on each node (the common role's teardown
+# removes it: common_warm_runner_dir_prefix).
+STATE_DIR_PREFIX = "/tmp/trainstack-warm-"
 
 
 class WarmRunnerError(RuntimeError):
@@ -77,7 +80,7 @@ class WarmRunnerError(RuntimeError):
 
 def state_dir() -> Path:
     """The node-local directory of this user's runner: 0700, owned by this user."""
-    path = Path(os.environ.get("TRAINSTACK_WARM_DIR") or f"/tmp/trainstack-warm-{os.getuid()}")
+    path = Path(os.environ.get("TRAINSTACK_WARM_DIR") or f"{STATE_DIR_PREFIX}{os.getuid()}")
     path.mkdir(mode=0o700, exist_ok=True)
     st = path.stat()
     if st.st_uid != os.getuid() or st.st_mode & 0o077:
