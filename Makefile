@@ -38,7 +38,7 @@ clean-images: setup ## Remove node images of other digests than the current one.
 clean-test-stacks: setup ## Remove what killed test runs left on the engine (test labels only; never the dev stack).
 	@$(ENV); python -m tests.support.leftovers
 
-test-fast: setup lint ## The edit loop: lint and the unit tests (no engine), about 2 minutes.
+test-fast: setup lint ## The edit loop: lint and the unit tests (no engine), about 2-3 minutes.
 	@$(ENV); pytest -m unit -q $(PYTEST_ARGS)
 
 test: test-fast test-engine ## Everything, fast tiers first: lint and unit (a failure stops there), then the rest.
