@@ -13,6 +13,7 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
+from trainstack_training.warm import STATE_DIR_PREFIX
 
 from tests.support.outsiders import (
     JAAS_CLIENT,
@@ -51,7 +52,7 @@ def test_the_warm_runner_takes_work_only_from_its_nodes_job_user(secured):
     _, outputs = secured
     submitter = outputs["jobNodes"][0]
     container, name = submitter["container"], submitter["name"]
-    code, text = sh(container, "cat /tmp/trainstack-warm-*/runner.json", user="trainstack")
+    code, text = sh(container, f"cat {STATE_DIR_PREFIX}*/runner.json", user="trainstack")
     assert code == 0, f"no warm runner on {name}: {text}"
     port = int(json.loads(text)["port"])
     # Every listening socket on that port is bound to 127.0.0.1 (/proc/net/tcp, LISTEN = 0A).
@@ -65,9 +66,9 @@ def test_the_warm_runner_takes_work_only_from_its_nodes_job_user(secured):
     ]
     assert listening and all(a.startswith("0100007F:") for a in listening), listening
     # Another user of the node cannot read the secret, nor list the runner's directory.
-    code, out = sh(container, "cat /tmp/trainstack-warm-*/runner.json", user="nobody")
+    code, out = sh(container, f"cat {STATE_DIR_PREFIX}*/runner.json", user="nobody")
     assert code != 0, out
-    code, out = sh(container, "ls /tmp/trainstack-warm-*/", user="nobody")
+    code, out = sh(container, f"ls {STATE_DIR_PREFIX}*/", user="nobody")
     assert code != 0 and "Permission denied" in out, out
     # An outsider on the cluster network reaches the node (its Spark worker UI, the control)
     # but not the gateway.

@@ -21,6 +21,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from trainstack_training.warm import STATE_DIR_PREFIX
 
 from infra.nodes import NODE_PATHS, SHARED_ROOT
 from tests.support.sshd import SshServers, make_key
@@ -329,5 +330,5 @@ def test_destroy_removes_trainstack_from_every_server(settled):
             code, _ = on(servers, name, f"test -e {path}")
             assert code != 0, f"{path} is still on {name}"
         # Nor the warm runner's state (its gateway secret) in the node's /tmp.
-        code, out = on(servers, name, "ls -d /tmp/trainstack-warm-*")
+        code, out = on(servers, name, f"ls -d {STATE_DIR_PREFIX}*")
         assert code != 0, f"{out} is still on {name}"
