@@ -3,6 +3,7 @@
 SHELL := /bin/bash
 STACK ?= dev
 PYTEST_ARGS ?=
+export PYTEST_ARGS
 ENV := eval "$$(scripts/env.sh)"
 SETUP := scripts/setup.sh
 
@@ -38,13 +39,16 @@ clean-images: setup ## Remove node images of other digests than the current one.
 clean-test-stacks: setup ## Remove what killed test runs left on the engine (test labels only; never the dev stack).
 	@$(ENV); python -m tests.support.leftovers
 
-test-fast: setup lint ## The edit loop: lint and the unit tests (no engine), about 2-3 minutes.
-	@$(ENV); pytest -m unit -q $(PYTEST_ARGS)
+test-fast: setup ## The edit loop: lint beside the unit tests (no engine), about 1.5-2 minutes.
+	@$(ENV); python scripts/testplan.py fast
 
-test: test-fast test-engine ## Everything, fast tiers first: lint and unit (a failure stops there), then the rest.
+test: setup ## Everything, fast tier first (a failure stops there), then the engine tier; a time table at the end.
+	@$(ENV); export TRAINSTACK_TIMES_DIR=$$(mktemp -d); \
+	  python scripts/testplan.py fast && python scripts/testplan.py engine; rc=$$?; \
+	  python scripts/testplan.py table; exit $$rc
 
-test-engine: setup ## Every test but the unit tests: training, engine, newcomer, images, provisioning, platform, ssh.
-	@$(ENV); pytest -m "not unit" --durations=30 $(PYTEST_ARGS)
+test-engine: setup ## Every test but the unit tests, in two stages of two streams side by side (scripts/testplan.py).
+	@$(ENV); python scripts/testplan.py engine
 
 unit: setup ## The unit tests only (no engine, no lint).
 	@$(ENV); pytest -m unit $(PYTEST_ARGS)
@@ -55,14 +59,8 @@ drills: setup ## The failure drills on a real stack (recovery times into bench/r
 test-ssh: setup ## The ssh target end to end on sshd containers (Debian 12 + openssh-server).
 	@$(ENV); pytest -m ssh tests/ssh $(PYTEST_ARGS)
 
-lint: setup ## ruff, ruff format --check, mypy, yamllint, ansible-lint, promtool check (config, rules).
-	@$(ENV); set -e; \
-	  ruff check .; \
-	  ruff format --check .; \
-	  mypy infra training; \
-	  yamllint -s .; \
-	  ansible-lint; \
-	  python -m infra.monitoring check
+lint: setup ## ruff, ruff format --check, mypy, yamllint, ansible-lint, promtool check (scripts/lint.sh).
+	@$(ENV); scripts/lint.sh
 
 format: setup ## Apply ruff's fixes and formatting.
 	@$(ENV); ruff check --fix .; ruff format .

@@ -3,8 +3,11 @@ the tiers run in, and each module's wall time at the end of the run."""
 
 from __future__ import annotations
 
+import json
+import os
 import time
 from collections import defaultdict
+from pathlib import Path
 
 import docker
 import pytest
@@ -94,6 +97,8 @@ def pytest_runtest_logreport(report):
 
 
 def pytest_terminal_summary(terminalreporter):
+    total = round(time.monotonic() - _MODULE_STARTED)
+    write_times(terminalreporter, total)
     if not _MODULE_SECONDS:
         return
     write = terminalreporter.write_line
@@ -101,5 +106,21 @@ def pytest_terminal_summary(terminalreporter):
     for module, seconds in sorted(_MODULE_SECONDS.items(), key=lambda kv: tier(kv[0])):
         minutes, rest = divmod(round(seconds), 60)
         write(f"{minutes:4d}:{rest:02d}  {module}")
-    total = round(time.monotonic() - _MODULE_STARTED)
     write(f"{total // 60:4d}:{total % 60:02d}  (the whole session, collection included)")
+
+
+def write_times(terminalreporter, total: int) -> None:
+    """Per-module wall times and the counts into $TRAINSTACK_TIMES_FILE, for the CI time table
+    (scripts/testplan.py sets it for each stream it runs)."""
+    path = os.environ.get("TRAINSTACK_TIMES_FILE")
+    if not path:
+        return
+    counts = {
+        key: len(terminalreporter.stats.get(key, []))
+        for key in ("passed", "failed", "error", "skipped", "xfailed", "xpassed")
+    }
+    modules = {
+        module: round(seconds, 1)
+        for module, seconds in sorted(_MODULE_SECONDS.items(), key=lambda kv: tier(kv[0]))
+    }
+    Path(path).write_text(json.dumps({"modules": modules, "counts": counts, "seconds": total}))

@@ -191,11 +191,16 @@ def test_image_has_java_17_and_the_venv(node):
     out = node.exec_run([VENV_PY, "-c", code], environment={"TF_CPP_MIN_LOG_LEVEL": "2"})
     assert out.exit_code == 0, out.output.decode()[-2000:]
     assert out.output.decode().split()[-3:] == ["4.0.1", "2.21.0", "2.21.0"]
-    # Nothing bake-only left behind: no wheels, no apt archives, no supervisord pid file.
-    ls = node.exec_run(["sh", "-c", "ls /opt/trainstack/wheelhouse /var/cache/apt/archives/*.deb"])
-    assert ".whl" not in ls.output.decode() and ".deb" not in ls.output.decode().replace(
-        "*.deb", ""
-    )
+    # Nothing bake-only left behind: no wheels in the node's wheelhouse (the roles keep them in
+    # sets, one folder deep: spark/, tensorflow/, training/), no apt archives. `find` lists every
+    # file and folder under both, nested ones too; it exits 0 and names both starting folders
+    # only when it could read them, so a listing without a wheel or a .deb is an answer.
+    dirs = [NODE_PATHS.node_wheelhouse_dir, "/var/cache/apt/archives"]
+    found = node.exec_run(["find", *dirs])
+    listing = found.output.decode().splitlines()
+    assert found.exit_code == 0 and set(dirs) <= set(listing), found.output.decode()[-2000:]
+    left = [p for p in listing if p.endswith((".whl", ".deb"))]
+    assert not left, f"bake leftovers in the image: {left}"
 
 
 def test_provisioning_from_the_image_installs_nothing(cluster):

@@ -137,8 +137,15 @@ def test_make_up_once_trains_and_make_destroy_leaves_nothing(clone, engine):
     )
     assert status.stdout == "", status.stdout
 
+    # namePrefix "trainstack" (the default), then the stack: the label on what `make up` made.
+    # Before `make destroy`, the same filter finds the stack's containers, network and volumes,
+    # so that its empty answer afterwards means they are gone, not that it matches nothing.
+    label = f"trainstack-{stack}"
+    made = engine_objects(label)
+    print(f"before `make destroy`, label {label}: {made}")
+    assert all(made[kind] for kind in ("containers", "networks", "volumes")), made
+
     code, out = run(["make", "destroy"], repo, env, base / "make-destroy.log", timeout=900)
     assert code == 0, out[-4000:]
-    # namePrefix "trainstack" (the default), then the stack: the label on what `make up` made.
-    left = engine_objects(f"trainstack-{stack}")
-    assert left == {"containers": [], "networks": [], "volumes": []}
+    left = engine_objects(label)
+    assert left == {"containers": [], "networks": [], "volumes": []}, (left, made)

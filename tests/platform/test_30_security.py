@@ -20,8 +20,10 @@ from tests.support.outsiders import (
     leaks,
     node,
     outsider,
+    refused_spark_client,
     sh,
     spark_client,
+    spark_refused,
     spark_secret,
     spark_znode,
     zk_cli,
@@ -79,9 +81,10 @@ def test_the_warm_runner_takes_work_only_from_its_nodes_job_user(secured):
 
 @pytest.fixture(scope="module")
 def clients(secured):
-    """Four Spark applications from an outsider container, at the same time (each refused one
-    waits out its registration): no secret, a wrong secret, the right secret without
-    encryption, and the right secret with encryption (the control)."""
+    """Four Spark applications from an outsider container, at the same time: no secret (Spark's
+    defaults: no authentication, no encryption), a wrong secret, the right secret without
+    encryption, each stopped as soon as it logged its refusal, and the right secret with
+    encryption (the control, which runs a job)."""
     _, outputs = secured
     # The warm runner holds every core of the cluster while it is up (docs/jobs.md): the
     # control application would wait for one. Stop it; the next job starts it again.
@@ -92,24 +95,26 @@ def clients(secured):
         assert time.monotonic() - stopped < 60, "the warm runner did not stop on SIGTERM"
         time.sleep(1)
     secret = spark_secret(outputs)
-    cases = {
-        "no secret": (None, True),
+    refused = {
+        "no secret": (None, False),
         "wrong secret": ("not-the-cluster-secret-0123456789", True),
         "no encryption": (secret, False),
-        "control": (secret, True),
     }
-    with ThreadPoolExecutor(len(cases)) as pool:
-        futures = {k: pool.submit(spark_client, outputs, *v) for k, v in cases.items()}
-        return {k: f.result()[1] for k, f in futures.items()}
+    with ThreadPoolExecutor(len(refused) + 1) as pool:
+        futures = {k: pool.submit(refused_spark_client, outputs, *v) for k, v in refused.items()}
+        control = pool.submit(spark_client, outputs, secret, True)
+        return {k: f.result() for k, f in futures.items()} | {"control": control.result()[1]}
 
 
-def test_outsider_without_secret_cannot_register(clients):
+def test_outsider_without_secret_cannot_register(secured, clients):
+    _, outputs = secured
     for case in ("no secret", "wrong secret"):
+        assert spark_refused(outputs, clients[case]), (case, clients[case][-3000:])
         assert "REGISTERED" not in clients[case], (case, clients[case][-3000:])
     assert "REGISTERED" in clients["control"] and " 45" in clients["control"], clients["control"]
 
 
-def test_client_without_encryption_is_refused(clients):
+def test_client_without_encryption_is_refused(secured, clients):
     """With the right secret but no RPC encryption the cluster refuses the client (Spark's
     AES auth handler does not know the plain SASL challenge: no fallback); the same client
     with encryption registers and runs a job, so the refusal is about encryption.
@@ -119,6 +124,7 @@ def test_client_without_encryption_is_refused(clients):
     counts, as long as it is the plain SASL bootstrap that failed."""
     log = clients["no encryption"]
     assert "REGISTERED" not in log, log[-3000:]
+    assert spark_refused(secured[1], log), log[-3000:]
     assert "Unknown challenge message" in log or (
         "Exception while bootstrapping client" in log and "SaslClientBootstrap" in log
     ), log[-3000:]
@@ -133,12 +139,15 @@ def test_outsider_cannot_write_spark_znodes(secured):
         "printf 'Client {\\n org.apache.zookeeper.server.auth.DigestLoginModule required\\n"
         ' username="spark" password="wrong";\\n};\\n\' > /tmp/wrong.jaas; '
     )
-    for command in (
+    commands = (
         zk_cli(outputs, f"create {znode}/outsider x"),
         wrong + zk_cli(outputs, f"create {znode}/outsider x", jaas="/tmp/wrong.jaas"),
         zk_cli(outputs, f"delete {znode}/leader_election"),
-    ):
-        _, log = outsider(outputs, command)
+    )
+    # The three outsiders at the same time (each is a container of its own).
+    with ThreadPoolExecutor(len(commands)) as pool:
+        logs = list(pool.map(lambda command: outsider(outputs, command)[1], commands))
+    for log in logs:
         assert "Created" not in log, log[-2000:]
         assert "authenticate" in log or "AuthFailed" in log, log[-2000:]
     # The cluster's own login reads Spark's path, and the outsider's node is not there.

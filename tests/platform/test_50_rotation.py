@@ -12,8 +12,10 @@ from tests.support.outsiders import (
     JAAS_CLIENT,
     leaks,
     node,
+    refused_spark_client,
     sh,
     spark_client,
+    spark_refused,
     spark_secret,
     spark_znode,
     wait_alive,
@@ -23,6 +25,9 @@ from tests.support.outsiders import (
 )
 
 pytestmark = pytest.mark.security
+
+# The supervisor program of each daemon whose role a node has (roles/*/defaults: *_program).
+DAEMONS = {"zookeeper": "zookeeper", "spark_master": "spark-master", "spark_worker": "spark-worker"}
 
 
 def test_rotation_reaches_every_service(platform):
@@ -38,22 +43,26 @@ def test_rotation_reaches_every_service(platform):
         _, conf = sh(n["container"], "cat /etc/trainstack/spark/spark-defaults.conf")
         assert new["spark secret"] in conf, n["name"]
         _, status = sh(n["container"], "supervisorctl status")
-        for line in status.splitlines():
-            if line.split()[0] in ("zookeeper", "spark-master", "spark-worker"):
-                _, since = sh(
-                    n["container"],
-                    f"ps -o lstart= -p $(supervisorctl pid {line.split()[0]}) | date -f - +%s",
-                )
-                assert int(since.strip()) >= int(started) - 1, (n["name"], line)
+        listed = {line.split()[0]: line for line in status.splitlines() if line.split()}
+        expected = [program for role, program in DAEMONS.items() if role in n["roles"]]
+        # The listing has the node's daemons before they are judged.
+        assert expected and set(expected) <= set(listed), (n["name"], expected, status)
+        for program in expected:
+            _, since = sh(
+                n["container"],
+                f"ps -o lstart= -p $(supervisorctl pid {program}) | date -f - +%s",
+            )
+            assert int(since.strip()) >= int(started) - 1, (n["name"], listed[program])
     # The cluster works with the new secrets: a master is ALIVE (it logged in to ZooKeeper
     # with the new password) with the worker back (same secret), a client with the new secret
     # runs a job, and the old secrets are refused.
     wait_alive(outputs)
     with ThreadPoolExecutor(2) as pool:
         with_new = pool.submit(spark_client, outputs, new["spark secret"], True)
-        with_old = pool.submit(spark_client, outputs, old["spark secret"], True)
-        log_new, log_old = with_new.result()[1], with_old.result()[1]
+        with_old = pool.submit(refused_spark_client, outputs, old["spark secret"], True)
+        log_new, log_old = with_new.result()[1], with_old.result()
     assert "REGISTERED" in log_new, log_new[-3000:]
+    assert spark_refused(outputs, log_old), log_old[-3000:]
     assert "REGISTERED" not in log_old, log_old[-3000:]
     _, log = sh(
         node(outputs, "control-1")["container"],

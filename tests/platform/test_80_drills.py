@@ -29,6 +29,7 @@ import signal
 import socket
 import subprocess
 import tarfile
+import threading
 import time
 import urllib.request
 from concurrent.futures import ThreadPoolExecutor
@@ -37,12 +38,12 @@ from typing import Any
 
 import pytest
 
+from tests.support.processes import Recorder, wait_gone
 from tests.support.stacks import (
     ROOT,
     TENSORFLOW_PIDS,
     BackgroundUp,
     Stack,
-    processes_naming,
     wait_until,
 )
 
@@ -459,14 +460,38 @@ def test_drill_3_submitting_node_down_another_worker_submits(settled, engine):
     )
 
 
-# Prints `stale <program>` for a Spark daemon started before its configuration was last written.
+# Prints `stale <program>` for a Spark daemon started before its configuration was last
+# written, `fresh <program>` for one started after; nothing for a program the node does not
+# run. Exits 2, saying why, when it cannot tell (no configuration time, no process age).
 STALE_SPARK = (
     "conf=$(find /etc/trainstack/spark -type f -printf '%T@\\n' | sort -n | tail -n 1); "
+    "conf=${conf%.*}; "
+    "case $conf in ''|*[!0-9]*) echo \"probe: no configuration time ($conf)\"; exit 2;; esac; "
     "for prog in spark-master spark-worker; do "
     "p=$(supervisorctl pid $prog 2>/dev/null); case $p in ''|0|*[!0-9]*) continue;; esac; "
     "age=$(ps -o etimes= -p $p | tr -d ' '); "
-    "[ $(( $(date +%s) - age + 2 )) -lt ${conf%.*} ] && echo stale $prog; done; true"
+    "case $age in ''|*[!0-9]*) echo \"probe: no age for $prog (pid $p)\"; exit 2;; esac; "
+    "if [ $(( $(date +%s) - age + 2 )) -lt $conf ]; then echo stale $prog; "
+    "else echo fresh $prog; fi; done"
 )
+SPARK_DAEMONS = {
+    "control-1": "spark-master",
+    "control-2": "spark-master",
+    **{f"worker-{i}": "spark-worker" for i in range(1, WORKERS + 1)},
+}
+
+
+def record_descendants(recorder: Recorder, stop: threading.Event) -> list[str]:
+    """Sample the descendants of the recorder's root until `stop` is set (run in a thread);
+    the errors of samples that failed, if any."""
+    errors: list[str] = []
+    while not stop.is_set():
+        try:
+            recorder.sample()
+        except Exception as exc:  # a process that went while it was read: the next sample
+            errors.append(repr(exc))
+        stop.wait(0.5)
+    return errors
 
 
 def test_drill_4_two_sigints_during_provisioning_next_up_converges(settled, engine):
@@ -478,14 +503,31 @@ def test_drill_4_two_sigints_during_provisioning_next_up_converges(settled, engi
     before = {c.name: (c.id, c.attrs["HostConfig"]["NanoCpus"]) for c in nodes}
     stack.set_config(rotateSecrets="drill-4")
     up = BackgroundUp(stack)
-    # The new secret is on the nodes, the restart handlers have not run yet.
-    up.wait_for(r"changed\s+Ensure spark-defaults.conf", timeout=600)
-    interrupted = time.monotonic()
-    code, out = up.stop_at_once()
+    # Every process of the run (Pulumi's plugins, the provisioning, Ansible, Mitogen's
+    # helpers, whatever their command lines) is recorded while it runs, to be found gone after.
+    recorder, stop = Recorder(up.proc.pid), threading.Event()
+    with ThreadPoolExecutor(1) as pool:
+        sampling = pool.submit(record_descendants, recorder, stop)
+        try:
+            # The new secret is on the nodes, the restart handlers have not run yet.
+            up.wait_for(r"changed\s+Ensure spark-defaults.conf", timeout=600)
+            stop.set()  # sampled up to the stop, which follows at once
+            interrupted = time.monotonic()
+            code, out = up.stop_at_once()
+        finally:
+            stop.set()
+        sample_errors = sampling.result()
     assert code != 0, out[-3000:]
     stopped_s = time.monotonic() - interrupted
-    artifacts = str(ROOT / ".artifacts" / stack.name)
-    wait_until("no process of the interrupted run", lambda: not processes_naming(artifacts), 30)
+    recorded = list(recorder.seen.values())
+    assert any("ansible-playbook" in p.cmdline for p in recorded), (
+        [str(p) for p in recorded],
+        sample_errors[-5:],
+    )
+    # Every recorded process of the run is gone (the provisioning child first gives the CPU
+    # limits back).
+    left = wait_gone(recorder.left(), timeout=30)
+    assert not left, [str(p) for p in left]
     after = {c.name: (c.id, c.attrs["HostConfig"]["NanoCpus"]) for c in
              engine.containers.list(filters={"label": stack.selector})}  # fmt: skip
     assert after == before, (before, after)  # the same servers, their CPU limits given back
@@ -496,6 +538,7 @@ def test_drill_4_two_sigints_during_provisioning_next_up_converges(settled, engi
     wait_healthy(engine, stack, timeout=300)
     for node in ("control-1", "control-2", *(f"worker-{i}" for i in range(1, WORKERS + 1))):
         code, stale = sh(engine, stack, node, STALE_SPARK)
+        assert code == 0 and f"fresh {SPARK_DAEMONS[node]}" in stale.split("\n"), (node, stale)
         assert "stale" not in stale, f"{node} runs Spark with an old configuration: {stale}"
     stack.run("preview", "--expect-no-changes")
     record(

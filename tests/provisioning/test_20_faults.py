@@ -59,29 +59,48 @@ def test_missing_wheel_is_named_then_rerun_converges(provisioned):
     assert fixed.changed() == {host: 0}
 
 
-def _worker_pid(provisioned, host):
+def _worker_pid(provisioned, host, other_than=None, timeout=30):
+    """spark-worker's PID on `host` once supervisord reports it RUNNING (with `other_than`:
+    under another PID than that one). Fails the test, with supervisorctl's last answer, when
+    it does not within `timeout` seconds: a missing PID would compare with nothing."""
     import re
 
     import docker
 
+    from tests.support.cluster import wait_for
+
     container = docker.from_env().containers.get(provisioned.containers[host])
-    out = container.exec_run(["supervisorctl", "status", "spark-worker"]).output.decode()
-    m = re.search(r"RUNNING\s+pid (\d+)", out)
-    return int(m.group(1)) if m else None
+    last = {"status": ""}
+
+    def pid():
+        out = container.exec_run(["supervisorctl", "status", "spark-worker"]).output.decode()
+        last["status"] = out.strip()
+        m = re.search(r"RUNNING\s+pid (\d+)", out)
+        return int(m.group(1)) if m and int(m.group(1)) != other_than else None
+
+    try:
+        return wait_for(pid, timeout)
+    except TimeoutError:
+        pytest.fail(
+            f"no RUNNING spark-worker on {host}"
+            + (f" under another PID than {other_than}" if other_than is not None else "")
+            + f" within {timeout}s; supervisorctl status: {last['status']!r}",
+            pytrace=False,
+        )
 
 
 def test_config_change_restarts_spark_daemon_then_converges(provisioned):
     host = "worker-2"
     before = _worker_pid(provisioned, host)
+    assert isinstance(before, int) and before > 0, before
     changed = provisioned.run(
         limit=host, extravars={"spark_extra_conf": {"spark.ui.showConsoleProgress": "false"}}
     )
     assert changed.ok, changed.summary()
     assert changed.changed()[host] >= 2  # spark-defaults.conf + the handler's restart
-    after = _worker_pid(provisioned, host)
-    assert after and after != before, (
-        "spark-worker was not restarted after its configuration changed"
-    )
+    # spark-worker was restarted after its configuration changed: it runs under a new PID.
+    after = _worker_pid(provisioned, host, other_than=before)
+    assert after != before, (before, after)
     restored = provisioned.run(limit=host)
     assert restored.ok, restored.summary()
     again = provisioned.run(limit=host)

@@ -7,9 +7,12 @@ from __future__ import annotations
 import json
 import re
 import time
+from collections import Counter
 from pathlib import Path
 
 import pytest
+from trainstack_training.job import ERROR_FILE
+from trainstack_training.launcher import ATTEMPTS_LOG
 
 from .conftest import EXAMPLES, run_cli
 
@@ -17,6 +20,38 @@ pytestmark = pytest.mark.training
 
 # After one rank fails, the other ranks stop within this many seconds (docs/jobs.md).
 STOP_OTHER_RANKS_S = 15
+# Barrier-stage attempts of the failing jobs below (--max-attempts): the first and 3 retries.
+MAX_ATTEMPTS = 4
+WORKERS = 2  # trainstack-train's default
+
+
+def _record_start(path: Path) -> str:
+    """One line of job code that appends "<rank> <attempt>" to `path` each time it runs."""
+    return f"    open({str(path)!r}, 'a').write(f'{{ctx.rank}} {{ctx.attempt}}\\n')\n"
+
+
+def _starts(path: Path) -> list[tuple[int, int]]:
+    """The (rank, attempt) of each run of the job's code that `_record_start` recorded."""
+    lines = path.read_text().split("\n") if path.exists() else []
+    return [(int(r), int(a)) for r, a in (ln.split() for ln in lines if ln.strip())]
+
+
+def _check_the_code_ran_in_the_first_attempt_only(
+    out: Path, starts_file: Path
+) -> tuple[Counter[int], int]:
+    """Spark ran all MAX_ATTEMPTS barrier-stage attempts (rank 0 logs each one's start before
+    the ranks meet), yet the job's code ran in the first only, at most once per rank: the
+    retries failed at once on the recorded error. Returns the code's runs per rank and the
+    rank whose error was recorded."""
+    attempts = (out / ATTEMPTS_LOG).read_text().splitlines()
+    assert len(attempts) == MAX_ATTEMPTS, attempts
+    starts = _starts(starts_file)
+    print(f"{len(attempts)} barrier-stage attempts; the job's code started as {starts}")
+    assert starts, "the job's code never started: the count below would prove nothing"
+    assert [a for _, a in starts] == [1] * len(starts), f"the code reran in a retry: {starts}"
+    per_rank = Counter(r for r, _ in starts)
+    assert set(per_rank) <= set(range(WORKERS)) and max(per_rank.values()) == 1, starts
+    return per_rank, int(json.loads((out / ERROR_FILE).read_text())["rank"])
 
 
 def _job(root: Path, files: dict[str, str]) -> Path:
@@ -74,17 +109,24 @@ def test_an_error_in_the_users_code_names_their_file_and_line_and_is_not_retried
         tmp_path / "job",
         {
             "trainstack.toml": '[job]\nentry = "m"\n',
-            "m.py": "def build_model(ctx):\n    return ctx.params['missing']\n",
+            "m.py": (
+                "def build_model(ctx):\n"
+                + _record_start(tmp_path / "starts")
+                + "    return ctx.params['missing']\n"
+            ),
         },
     )
-    started = time.monotonic()
-    rc, s, _ = run_cli(["--job-dir", str(job), "--output", str(tmp_path / "out")])
+    out = tmp_path / "out"
+    rc, s, _ = run_cli(
+        ["--job-dir", str(job), "--output", str(out), "--max-attempts", str(MAX_ATTEMPTS)]
+    )
     assert rc == 1 and s["ok"] is False and s["kind"] == "JobCodeError", s
-    assert s["error"].startswith("your code failed: KeyError: 'missing' (at m.py:2)")
-    assert 'File "m.py", line 2, in build_model' in s["error"]
+    assert s["error"].startswith("your code failed: KeyError: 'missing' (at m.py:3)")
+    assert 'File "m.py", line 3, in build_model' in s["error"]
     assert "trainstack_training" not in s["error"] and "pyspark" not in s["error"]
-    # The retried attempts fail at once on the recorded error: no code reruns, no hang.
-    assert time.monotonic() - started < 120
+    # The retried attempts fail at once on the recorded error: no code reruns.
+    ran, recorded = _check_the_code_ran_in_the_first_attempt_only(out, tmp_path / "starts")
+    assert ran[recorded] == 1, (recorded, ran)  # the error recorded is of the code's one run
 
 
 def test_a_job_without_progress_fails_with_every_ranks_stacks(tmp_path):
@@ -97,25 +139,40 @@ def test_a_job_without_progress_fails_with_every_ranks_stacks(tmp_path):
                 "def wait_forever():\n"
                 "    while True:\n"
                 "        time.sleep(0.2)\n\n"
-                "def train(ctx):\n"
-                "    wait_forever()\n"
+                "def train(ctx):\n" + _record_start(tmp_path / "starts") + "    wait_forever()\n"
             ),
         },
     )
-    started = time.monotonic()
-    rc, s, _ = run_cli(["--job-dir", str(job), "--output", str(tmp_path / "out")])
+    out = tmp_path / "out"
+    rc, s, _ = run_cli(
+        ["--job-dir", str(job), "--output", str(out), "--max-attempts", str(MAX_ATTEMPTS)]
+    )
     assert rc == 1 and s["kind"] == "JobCodeError", s
     assert s["error"].startswith("no progress for 4 s on rank "), s["error"]
-    stacks = sorted((tmp_path / "out").glob("stacks-rank*.txt"))
-    assert stacks, list((tmp_path / "out").iterdir())
+    stacks = sorted(out.glob("stacks-rank*.txt"))
+    assert stacks, list(out.iterdir())
     text = stacks[0].read_text()
     assert "in wait_forever" in text and "m.py" in text, text[:2000]
     # The stuck rank's own log ends with the same stacks (`trainstack logs --rank N`).
     rank = stacks[0].name.removeprefix("stacks-rank").removesuffix(".txt")
-    log = (tmp_path / "out" / f"rank-{rank}.log").read_text()
+    log = (out / f"rank-{rank}.log").read_text()
     assert "trainstack: no progress for 4 s" in log and "in wait_forever" in log, log[-2000:]
-    # One hang, not one per retry: the retries fail at once on the recorded error.
-    assert time.monotonic() - started < 90
+    # One hang, not one per retry: the retries fail at once on the recorded error, so the code
+    # ran in the first attempt only and no rank hung twice (each hang appends its notice to
+    # the rank's log, which every attempt appends to); the rank named in the error hung once.
+    _ran, recorded = _check_the_code_ran_in_the_first_attempt_only(out, tmp_path / "starts")
+    assert s["error"].startswith(f"no progress for 4 s on rank {recorded} "), s["error"]
+    hung = {int(p.name.removeprefix("stacks-rank").removesuffix(".txt")) for p in stacks}
+    assert recorded in hung and hung <= set(range(WORKERS)), (recorded, stacks)
+    notices = {
+        r: (out / f"rank-{r}.log").read_text().count("trainstack: no progress for 4 s")
+        for r in range(WORKERS)
+        if (out / f"rank-{r}.log").exists()
+    }
+    print(f"stacks files of ranks {sorted(hung)}; no-progress notices per rank log {notices}")
+    assert notices[recorded] == 1 and max(notices.values()) == 1, notices
+    # A notice comes after its rank's stacks file is written.
+    assert {r for r, n in notices.items() if n} <= hung, (notices, hung)
 
 
 def test_one_rank_failing_stops_the_others_within_seconds(tmp_path):

@@ -166,14 +166,23 @@ def test_a_lost_peer_is_a_cluster_failure_not_the_users_error(tmp_path):
     job = _job(tmp_path, '[job]\nentry = "m"\n', {"m.py": "def train(ctx): ..."})
     spec = load_spec(job)
 
+    raised: list[BaseException] = []
+
     def fit() -> None:
         try:
             raise unavailable("Collective ops is aborted by: peer down")
         except Exception as exc:
-            raise RuntimeError("wrapped") from exc
+            raised.append(RuntimeError("fit failed: the collective lost a peer"))
+            raise raised[0] from exc
 
-    with pytest.raises(RuntimeError, match="wrapped"):
+    # The very exception the code raised comes through, not a UserCodeError (a RuntimeError
+    # too, whose message would also quote the code's): Spark's retry sees the cluster failure.
+    with pytest.raises(RuntimeError) as excinfo:
         call_user(spec, fit)
+    assert type(excinfo.value) is RuntimeError and not isinstance(excinfo.value, UserCodeError)
+    assert excinfo.value is raised[0]
+    assert str(excinfo.value) == "fit failed: the collective lost a peer"
+    assert type(excinfo.value.__cause__) is unavailable
     assert is_cluster_failure(unavailable("x"))
     assert not is_cluster_failure(type("UnavailableError", (Exception,), {})("mine"))
     with pytest.raises(UserCodeError, match=r"your code failed: KeyError: 'k'"):

@@ -19,6 +19,7 @@ import pytest
 
 from infra.jobs.cli import _data, _params, build_parser
 from infra.jobs.commands import CliError
+from tests.support.processes import Proc, Recorder, wait_gone
 
 pytestmark = pytest.mark.unit
 
@@ -99,14 +100,34 @@ def test_jobs_queue_first_in_first_out_on_one_lock(tmp_path):
     assert starts == sorted(starts) and starts[1] >= ends[0] and starts[2] >= ends[1]
 
 
+def recorded(recorder: Recorder, what: str, found) -> Proc:
+    """Sample the runner's processes until one of them is `found`; that process."""
+    seen: list[Proc] = []
+
+    def check() -> bool:
+        seen[:] = [p for p in recorder.sample() if found(p)]
+        return bool(seen)
+
+    try:
+        wait_for(check)
+    except AssertionError:
+        names = [str(p) for p in recorder.seen.values()]
+        raise AssertionError(f"{what} never ran below the runner; saw {names}") from None
+    return seen[0]
+
+
 def test_cancel_while_running_stops_the_whole_process_group(tmp_path):
     proc, run_dir = start(tmp_path, "job-c", 100, 0.2)
+    recorder = Recorder(proc.pid)
+    job = recorded(recorder, "the job", lambda p: p.cmdline.endswith(f"{run_dir} 100 0.2"))
     wait_for(lambda: (run_dir / "epochs.jsonl").exists())
+    recorder.sample()
     proc.send_signal(signal.SIGTERM)
     assert proc.wait(timeout=20) == 1
     assert record(run_dir)["state"] == "cancelled"
-    leftover = subprocess.run(["pgrep", "-f", str(run_dir)], capture_output=True, check=False)
-    assert leftover.stdout.strip() == b""
+    assert job in recorder.seen.values()
+    # Every process seen below the runner is gone, the job's included.
+    assert [str(p) for p in wait_gone(list(recorder.seen.values()), 5)] == []
 
 
 # A driver the way PySpark's behaves: SIGINT raises KeyboardInterrupt, on which it cleans up
@@ -277,10 +298,14 @@ def test_a_failed_install_fails_the_job_without_running_it(tmp_path):
 def test_cancel_while_installing_stops_the_install_and_never_runs_the_job(tmp_path):
     proc, run_dir = start(tmp_path, "job-x", 1, 0.1, "echo started\nsleep 60\n")
     wait_for(lambda: "started" in text(run_dir / "output.log"))
+    # The install's `sleep` never names the run directory: it is recorded by its place below
+    # the runner, then looked for by its PID and start time.
+    recorder = Recorder(proc.pid)
+    sleep = recorded(recorder, "the install's `sleep 60`", lambda p: p.cmdline == "sleep 60")
     proc.send_signal(signal.SIGTERM)
     assert proc.wait(timeout=20) == 1
     done = record(run_dir)
     assert done["state"] == "cancelled" and done["error"] == "cancelled while installing", done
     assert not (run_dir / "epochs.jsonl").exists()
-    leftover = subprocess.run(["pgrep", "-f", str(run_dir)], capture_output=True, check=False)
-    assert leftover.stdout.strip() == b""
+    left = wait_gone(list(recorder.seen.values()), 5)
+    assert [str(p) for p in left] == [], f"left running after the cancel (the sleep: {sleep})"

@@ -15,12 +15,12 @@ import subprocess
 import sys
 import textwrap
 import time
-from pathlib import Path
 
 import pytest
 
+from tests.support.processes import descendants, proc, wait_gone
 from tests.support.stacks import ROOT, processes_naming, wait_until
-from tests.unit.test_mitogen import STUCK
+from tests.unit.test_mitogen import STUCK, recording
 
 pytestmark = pytest.mark.unit
 
@@ -45,27 +45,6 @@ PLUGIN = textwrap.dedent(
 )
 
 
-def _gone(pid: int) -> bool:
-    """Exited: no such process, or a zombie nobody reaps (an orphan in a container)."""
-    try:
-        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-    except OSError:
-        return True
-    return state == "Z"
-
-
-def _below(pid: int, ancestor: int) -> bool:
-    """`pid` is `ancestor` or one of its descendants (walking /proc's parent links)."""
-    while pid > 1:
-        if pid == ancestor:
-            return True
-        try:
-            pid = int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
-        except (OSError, ValueError, IndexError):
-            return False
-    return False
-
-
 def test_a_stop_by_group_signals_finishes_despite_the_group_kill(tmp_path):
     playbook = tmp_path / "stuck.yml"
     playbook.write_text(STUCK)
@@ -83,19 +62,24 @@ def test_a_stop_by_group_signals_finishes_despite_the_group_kill(tmp_path):
         start_new_session=True,
     )
     try:
-        # This run's stuck task: a `sleep 120` below its provisioning child (another test's
-        # may still be running on this machine).
-        child = wait_until("the provisioning child", lambda: int(pid_file.read_text()), 60)
-        wait_until(
-            "the stuck task running",
-            lambda: any(_below(int(p.split(":")[0]), child) for p in processes_naming("sleep 120")),
-            60,
-        )
-        os.killpg(plugin.pid, signal.SIGINT)
-        time.sleep(0.3)  # Pulumi waits 5 s; far less here, so a stop that stays loses
-        os.killpg(plugin.pid, signal.SIGKILL)
-        plugin.wait(10)
-        wait_until("the child's exit", lambda: _gone(child), 60)
+        # Every process of this run, sampled from the plugin down while it runs and stops:
+        # the stuck `sleep 120` carries no marker of the run (another test's may be running
+        # on this machine), Mitogen renames its children, and the plugin's tree ends at its kill.
+        with recording(plugin.pid) as seen:
+            child = proc(
+                wait_until("the provisioning child", lambda: int(pid_file.read_text()), 60)
+            )
+            assert child is not None, "the provisioning child exited before the stop"
+            stuck = wait_until(
+                "the stuck task running below the provisioning child",
+                lambda: [p for p in descendants(child.pid) if p.cmdline == "sleep 120"],
+                60,
+            )
+            os.killpg(plugin.pid, signal.SIGINT)
+            time.sleep(0.3)  # Pulumi waits 5 s; far less here, so a stop that stays loses
+            os.killpg(plugin.pid, signal.SIGKILL)
+            plugin.wait(10)
+            assert wait_gone([child], 60) == [], "the provisioning child did not exit"
     finally:
         if plugin.poll() is None:
             os.killpg(plugin.pid, signal.SIGKILL)
@@ -109,4 +93,8 @@ def test_a_stop_by_group_signals_finishes_despite_the_group_kill(tmp_path):
     assert result["ok"] is False
     assert any("stopped before it finished" in f for f in result["failures"]), result
     assert "SIGINT received: stopping the run" in err.read_text()
+    # Nothing of the run is left: the stuck `sleep` seen above, nor any other process seen.
+    procs = list(seen.values())
+    assert set(stuck) <= set(procs) and child in procs
+    assert [str(p) for p in wait_gone(procs, 10)] == []
     assert processes_naming(str(runner)) == []

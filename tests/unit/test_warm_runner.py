@@ -84,15 +84,29 @@ def test_a_runner_on_another_node_is_asked_to_stop_and_a_silent_one_ignored(tmp_
     live = {"host": "worker-9", "pid": 7, "heartbeat": time.time()}
     warm._write_json(runs / warm.SHARED, live, 0o644)
 
+    # The other runner, played by a thread: it waits for the stop request, records what it
+    # read, and answers by removing its registration (also when no request came, so that the
+    # eviction below does not wait out its whole timeout). The checks run in this thread:
+    # an assert in the helper thread would only be a warning.
+    received: list[dict] = []
+
     def answer() -> None:
-        time.sleep(0.5)
-        assert warm._read_json(runs / warm.STOP_REQUEST) == {"host": "worker-9", "pid": 7}
+        deadline = time.monotonic() + 10
+        request: dict = {}
+        while not request and time.monotonic() < deadline:
+            request = warm._read_json(runs / warm.STOP_REQUEST)
+            time.sleep(0.05)
+        received.append(request)
         (runs / warm.SHARED).unlink()
 
     t = threading.Thread(target=answer)
     t.start()
     warm._evict_other_nodes(runs, said.append)
+    # The eviction returned only once the other runner had answered.
+    answered = not (runs / warm.SHARED).exists()
     t.join()
+    assert received == [{"host": "worker-9", "pid": 7}], "no stop request reached worker-9"
+    assert answered, "the eviction returned before the other runner had stopped"
     assert said == ["stopping the warm runner on worker-9 (one per cluster)"]
     # This node's own registration is never evicted.
     warm._write_json(runs / warm.SHARED, {**live, "host": socket.gethostname()}, 0o644)

@@ -1,0 +1,121 @@
+"""scripts/testplan.py: every test module runs in a tier, and the CI time table adds up."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import re
+import sys
+from pathlib import Path
+
+import pytest
+
+pytestmark = pytest.mark.unit
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+@pytest.fixture(scope="module")
+def testplan():
+    spec = importlib.util.spec_from_file_location("testplan", ROOT / "scripts" / "testplan.py")
+    assert spec and spec.loader
+    module = importlib.util.module_from_spec(spec)
+    sys.modules["testplan"] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+ENGINE_MARKER = re.compile(r"pytest\.mark\.(?!unit\b|parametrize\b)\w+")
+
+
+def test_every_test_directory_runs_in_exactly_one_engine_stream(testplan):
+    streams = [s for stage in testplan.ENGINE for s in stage]
+    paths = [p for s in streams for p in s.paths]
+    assert len(paths) == len(set(paths)), f"a path in two engine streams: {paths}"
+    directories = {str(f.parent.relative_to(ROOT)) for f in (ROOT / "tests").rglob("test_*.py")} - {
+        *testplan.NESTED,
+        "tests/unit",
+    }
+    left_out = sorted(d for d in directories if not any(d.startswith(p) for p in paths))
+    assert not left_out, (
+        f"test directories in no stream of scripts/testplan.py ENGINE: {left_out}; add each to "
+        "a stream (tests/README.md says which)"
+    )
+    for path in paths:
+        assert (ROOT / path).exists(), f"ENGINE names {path}, which does not exist"
+
+
+def test_every_engine_test_among_the_unit_tests_is_in_an_engine_stream(testplan):
+    paths = {p for stage in testplan.ENGINE for s in stage for p in s.paths}
+    marked = {
+        str(f.relative_to(ROOT))
+        for f in (ROOT / "tests" / "unit").glob("test_*.py")
+        if ENGINE_MARKER.search(f.read_text())
+    }
+    assert "tests/unit/test_cancelled_program.py" in marked  # the check sees what it looks for
+    assert marked <= paths, f"engine tests in tests/unit in no engine stream: {marked - paths}"
+
+
+def test_the_unit_stream_runs_every_unit_test(testplan):
+    unit = next(s for s in testplan.FAST if s.name == "unit")
+    assert unit.paths == ("tests",)
+    assert testplan.stream_command(unit, "unit")[-1] == "tests"
+
+
+@pytest.mark.parametrize(
+    ("user", "expected"),
+    [
+        ("", "not unit"),
+        ("-m drills -x", "(not unit) and (drills)"),
+        ("-mssh", "(not unit) and (ssh)"),
+    ],
+)
+def test_a_users_marker_narrows_the_tiers_own(testplan, user, expected):
+    command = testplan.pytest_command(("tests/platform",), "not unit", user.split())
+    assert command[:3] == [sys.executable, "-m", "pytest"]
+    assert command[command.index("-m", 3) + 1] == expected
+    assert command.count("-m") == 2  # python's -m pytest, and one marker
+    assert command[-1] == "tests/platform"
+
+
+def test_no_tests_collected_passes_only_when_the_user_narrowed(testplan, monkeypatch):
+    monkeypatch.delenv("PYTEST_ARGS", raising=False)
+    assert not testplan.passed({"platform": 5})
+    monkeypatch.setenv("PYTEST_ARGS", "-k rotation")
+    assert testplan.passed({"platform": 5, "training+ssh": 0})
+    assert not testplan.passed({"platform": 1})
+
+
+def test_the_table_shows_each_module_the_index_and_the_counts(testplan, monkeypatch, tmp_path):
+    monkeypatch.setenv("TRAINSTACK_TIMES_DIR", str(tmp_path))
+    testplan.write_record("speed", seconds=20.0, reference_seconds=10.0, index=2.0)
+    testplan.write_record("setup", seconds=61)
+    testplan.write_record("tier-fast", seconds=90, exit=0)
+    testplan.write_record("stream-unit", seconds=88, exit=0)
+    (tmp_path / "pytest-unit.json").write_text(
+        json.dumps({"modules": {"tests/unit/test_a.py": 80}, "counts": {"passed": 500}})
+    )
+    testplan.write_record("tier-engine", seconds=1800, exit=1)
+    testplan.write_record("stream-platform", seconds=1700, exit=1)
+    (tmp_path / "pytest-platform.json").write_text(
+        json.dumps(
+            {
+                "modules": {"tests/platform/test_10_platform.py": 125.4},
+                "counts": {"passed": 40, "failed": 2},
+            }
+        )
+    )
+    testplan.write_record("total", seconds=2400)
+    text = "\n".join(testplan.table_lines(testplan.read_records()))
+    assert "machine-speed index" in text and "2.00" in text
+    assert "tests/platform/test_10_platform.py" in text and "2:05" in text
+    assert "exit 1; 40 passed, 2 failed" in text
+    assert "tests/unit/test_a.py" not in text  # the unit tier's modules stay out of the table
+    assert "at reference speed 20:00" in text  # 40 min on a machine twice as slow
+    assert text.splitlines()[-1] == "tests: 540 passed, 2 failed, 0 errors, 0 skipped"
+
+
+def test_the_speed_reference_is_a_measurement(testplan):
+    reference = json.loads(testplan.REFERENCE.read_text())
+    assert reference["seconds"] > 0
+    assert reference["measured"]
