@@ -297,7 +297,7 @@ def table_lines(records: dict[str, dict]) -> list[str]:
 
     def row(label: str, seconds: float | None, note: str = "", depth: int = 1) -> None:
         text = clock(seconds) if seconds is not None else "-"
-        lines.append(f"{'  ' * depth}{label:<{46 - 2 * depth}}{text:>8}  {note}".rstrip())
+        lines.append(f"{'  ' * depth}{label:<{54 - 2 * depth}}{text:>8}  {note}".rstrip())
 
     def seconds_of(name: str) -> float | None:
         return records[name]["seconds"] if name in records else None
