@@ -221,3 +221,81 @@ def test_a_bad_job_directory_fails_before_spark_starts(tmp_path, files, message)
     rc, s, _ = run_cli(["--job-dir", str(job), "--output", str(tmp_path / "out")])
     assert rc == 2 and s["kind"] == "JobError" and message in s["error"], s
     assert time.monotonic() - started < 30
+
+
+REGRESSION_JOB = """\
+def _target(x):
+    # A float per row: the mean pixel, scaled to [0, 1].
+    return (x.mean(axis=1) / 16.0).astype("float32")
+
+
+def train(ctx):
+    tf = ctx.tf
+    options = tf.data.Options()
+    options.experimental_distribute.auto_shard_policy = tf.data.experimental.AutoShardPolicy.OFF
+    train = (
+        tf.data.Dataset.from_tensor_slices((ctx.x, _target(ctx.x)))
+        .batch(ctx.global_batch_size, drop_remainder=True).repeat().with_options(options)
+    )
+    val = (
+        tf.data.Dataset.from_tensor_slices((ctx.x_val, _target(ctx.x_val)))
+        .batch(1024).repeat().with_options(options)
+    )
+    with ctx.strategy.scope():
+        model = tf.keras.Sequential([
+            tf.keras.layers.Input((ctx.n_features,)),
+            tf.keras.layers.Dense(16, activation="relu"),
+            tf.keras.layers.Dense(1),
+        ])
+        model.compile(tf.keras.optimizers.Adam(0.01), loss="mse", metrics=["mae"])
+    history = model.fit(
+        train, epochs=ctx.epochs, steps_per_epoch=ctx.steps_per_epoch, validation_data=val,
+        validation_steps=-(-len(ctx.x_val) // 1024), callbacks=ctx.callbacks(), verbose=0,
+    )
+    ctx.save_model(model)
+    return RETURNED
+"""
+
+
+def test_a_regression_model_in_full_mode_reports_its_own_metrics(tmp_path):
+    returned = (
+        "{'val_mae': history.history['val_mae'][-1], 'val_loss': history.history['val_loss'][-1]}"
+    )
+    job = _job(
+        tmp_path / "job",
+        {
+            "trainstack.toml": '[job]\nentry = "m"\n',
+            "m.py": REGRESSION_JOB.replace("RETURNED", returned),
+        },
+    )
+    out = tmp_path / "out"
+    rc, s, err = run_cli(["--job-dir", str(job), "--epochs", "3", "--output", str(out)])
+    assert rc == 0 and s["ok"], (s, err[-3000:])
+    assert "accuracy" not in s and "final_val_accuracy" not in s, s
+    assert set(s["final"]) == {"val_mae", "val_loss"} and s["metric"] == "val_loss", s
+    assert 0 <= s["final"]["val_mae"] < 1, s
+    metrics = json.loads(Path(s["metrics_path"]).read_text())
+    assert {k: len(v) for k, v in metrics["history"].items()} == {
+        "loss": 3,
+        "mae": 3,
+        "val_loss": 3,
+        "val_mae": 3,
+    }, metrics["history"]
+    assert metrics["final"] == s["final"]  # the returned dict, verbatim
+    assert Path(s["model_path"]).exists() and (out / "curves.png").stat().st_size > 0
+
+
+def test_a_returned_value_that_is_not_a_number_is_named_not_a_traceback(tmp_path):
+    job = _job(
+        tmp_path / "job",
+        {
+            "trainstack.toml": '[job]\nentry = "m"\n',
+            "m.py": REGRESSION_JOB.replace("RETURNED", "{'val_mae': 'good'}"),
+        },
+    )
+    rc, s, _ = run_cli(["--job-dir", str(job), "--epochs", "1", "--output", str(tmp_path / "o")])
+    assert rc == 1 and s["ok"] is False and s["kind"] == "JobCodeError", s
+    assert s["error"] == (
+        "your code failed: train(ctx) in m.py returned val_mae='good'; each value of the "
+        "returned dict must be a number (a metric's final value)"
+    ), s["error"]

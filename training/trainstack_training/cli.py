@@ -20,7 +20,7 @@ def main(argv: list[str] | None = None) -> int:
     from trainstack_training.data import DataError
     from trainstack_training.job import JobError
     from trainstack_training.launcher import ClusterError, JobCancelledError, TrainingError, run
-    from trainstack_training.report import summary
+    from trainstack_training.report import summary, summary_line
 
     try:
         cfg = parse_args(argv)
@@ -38,11 +38,7 @@ def main(argv: list[str] | None = None) -> int:
         traceback.print_exc()
         return _fail(exc, 1)
     result = {"ok": True, **summary(metrics)}
-    print(
-        f"validation accuracy {result['final_val_accuracy']:.4f} after {result['epochs']} "
-        f"epochs on {result['workers']} worker(s) in {result['attempts']} attempt(s); "
-        f"{result['samples_per_second']:.0f} samples/s; model {result['model_path']}"
-    )
+    print(summary_line(result))
     print(json.dumps(result), flush=True)
     return 0
 

@@ -8,7 +8,8 @@ The Pushgateway's address comes from the environment (`TRAINSTACK_PUSHGATEWAY`, 
     trainstack_training_epoch            last finished epoch (0 at the start of an attempt)
     trainstack_training_epochs           epochs the run is to train
     trainstack_training_attempt          attempt of the barrier stage (1 = no restart)
-    trainstack_training_loss / _accuracy / _val_loss / _val_accuracy
+    trainstack_training_<metric>         each of the model's metrics after the last epoch
+                                         (loss, val_loss, accuracy, mae, ...: what it logs)
     trainstack_training_samples_per_second   of the last epoch's training steps
     trainstack_training_last_progress_timestamp_seconds   when the chief last pushed
 
@@ -18,15 +19,29 @@ A push that fails is reported on stderr and training goes on: monitoring never s
 from __future__ import annotations
 
 import os
+import re
 import sys
 import time
 from pathlib import Path
 from typing import Any
 
+from trainstack_training.epochs import is_metric
+
 PUSHGATEWAY_ENV = "TRAINSTACK_PUSHGATEWAY"
 JOB = "trainstack_training"
 PREFIX = "trainstack_training_"
-LOG_METRICS = ("loss", "accuracy", "val_loss", "val_accuracy")
+# The run's own gauges: a metric of the same name is pushed as `metric_<name>`.
+RESERVED = frozenset(
+    {"epoch", "epochs", "workers", "attempt", "samples_per_second"}
+    | {"last_progress_timestamp_seconds"}
+)
+_NOT_IN_A_NAME = re.compile(r"[^a-zA-Z0-9_]")
+
+
+def gauge_name(key: str) -> str:
+    """A metric's name as a Prometheus metric name's tail (`val_mae`, `top_5_accuracy`)."""
+    name = _NOT_IN_A_NAME.sub("_", key)
+    return f"metric_{name}" if name in RESERVED else name
 
 
 def pushgateway_url() -> str:
@@ -70,10 +85,16 @@ class EpochPusher:
         self.epoch.set(epoch)
         self.attempt.set(attempt)
         for key, value in (logs or {}).items():
-            if key in LOG_METRICS:
-                if key not in self.logs:
-                    self.logs[key] = self._gauge(key, f"{key} after the last finished epoch.")
-                self.logs[key].set(float(value))
+            try:
+                number = float(value)  # Keras' logs may hold NumPy or TensorFlow scalars
+            except (TypeError, ValueError):
+                continue  # not a metric (a job's own ctx.report may carry other fields)
+            if not is_metric(key, number) or isinstance(value, bool):
+                continue
+            name = gauge_name(key)
+            if name not in self.logs:
+                self.logs[name] = self._gauge(name, f"{key} after the last finished epoch.")
+            self.logs[name].set(number)
         if samples_per_second is not None:
             if self.samples_per_second is None:
                 self.samples_per_second = self._gauge(

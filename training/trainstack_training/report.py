@@ -8,11 +8,14 @@ from typing import Any
 
 from trainstack_training.config import TrainConfig
 from trainstack_training.data import DataInfo
+from trainstack_training.epochs import headline, metric_names
 from trainstack_training.launcher import count_attempts
 from trainstack_training.train import EPOCH_LOG
 
 METRICS_FILE = "metrics.json"
 PLOT_FILE = "curves.png"  # the name the Pulumi training component copies back
+# Series kept at the top level of metrics.json, as before any model could report others.
+CLASSIFIER_SERIES = ("loss", "accuracy", "val_loss", "val_accuracy")
 
 
 def read_epoch_log(out: Path) -> list[dict[str, Any]]:
@@ -42,19 +45,33 @@ def build_metrics(
     samples = sum(int(e["samples"]) for e in epochs)
     chief = results[0] if results else {}
 
-    def series(key: str) -> list[float]:
-        return [float(e[key]) for e in epochs if key in e]
+    names = metric_names(epochs)
+    history = {name: [float(e[name]) for e in epochs if name in e] for name in names}
+    # The result's final metrics: what a full-mode job returned, verbatim; else each series'
+    # last value.
+    returned = chief.get("returned") or {}
+    final = dict(returned) if returned else {n: v[-1] for n, v in history.items() if v}
+    # Today's keys, kept for classifiers (loss and val_loss always, empty when not logged);
+    # `accuracy` only when the job has it, so no code path can trip over a missing accuracy.
+    top = {
+        name: history.get(name, [])
+        for name in CLASSIFIER_SERIES
+        if name in history or name in ("loss", "val_loss")
+    }
+    finals = {f"final_{n}": final[n] for n in ("val_accuracy", "val_loss") if n in final}
+    metric = headline(final) or headline(names)
 
     return {
         "workers": cfg.workers,
         "epochs": len(epochs),
         "attempts": attempts,
-        "final_val_accuracy": series("val_accuracy")[-1] if epochs else None,
-        "final_val_loss": series("val_loss")[-1] if epochs else None,
-        "loss": series("loss"),
-        "accuracy": series("accuracy"),
-        "val_loss": series("val_loss"),
-        "val_accuracy": series("val_accuracy"),
+        "final_val_loss": None,
+        **finals,
+        **top,
+        "metric": metric,
+        "metric_value": final.get(metric) if metric else None,
+        "final": final,
+        "history": history,
         "epoch_attempt": [int(e["attempt"]) for e in epochs],
         "samples_per_second": samples / train_secs if train_secs > 0 else None,
         "global_batch": cfg.batch_size * cfg.workers,
@@ -146,23 +163,37 @@ def write_outputs(metrics: dict[str, Any], out: Path, plot: bool = True) -> None
         write_plot(metrics, out / PLOT_FILE)
 
 
+def plot_panels(names: list[str]) -> list[str]:
+    """One panel per metric, its train and validation series together: the job's headline
+    metric's pair first (loss for a classifier), at most four."""
+    bases: list[str] = []
+    for name in names:
+        base = name.removeprefix("val_")
+        if base not in bases:
+            bases.append(base)
+    first = (headline(names) or "").removeprefix("val_")
+    bases.sort(key=lambda b: b != first)
+    return bases[:4]
+
+
 def write_plot(metrics: dict[str, Any], path: Path) -> None:
     import matplotlib
 
     matplotlib.use("Agg")  # no display on cluster nodes
     import matplotlib.pyplot as plt
 
-    epochs = list(range(1, len(metrics["loss"]) + 1))
-    fig, (ax_loss, ax_acc) = plt.subplots(1, 2, figsize=(10, 4))
-    ax_loss.plot(epochs, metrics["loss"], marker="o", label="train")
-    ax_loss.plot(epochs, metrics["val_loss"], marker="o", label="validation")
-    ax_loss.set(title="loss", xlabel="epoch")
-    ax_acc.plot(epochs, metrics["accuracy"], marker="o", label="train")
-    ax_acc.plot(epochs, metrics["val_accuracy"], marker="o", label="validation")
-    ax_acc.set(title="accuracy", xlabel="epoch")
+    history: dict[str, list[float]] = metrics.get("history") or {}
+    panels = plot_panels(list(history))
+    if not panels:
+        return
+    fig, axes = plt.subplots(1, len(panels), figsize=(5 * len(panels), 4), squeeze=False)
     from matplotlib.ticker import MaxNLocator
 
-    for ax in (ax_loss, ax_acc):
+    for ax, name in zip(axes[0], panels, strict=True):
+        for key, label in ((name, "train"), (f"val_{name}", "validation")):
+            if history.get(key):
+                ax.plot(range(1, len(history[key]) + 1), history[key], marker="o", label=label)
+        ax.set(title=name, xlabel="epoch")
         ax.xaxis.set_major_locator(MaxNLocator(integer=True))
         ax.legend()
         ax.grid(alpha=0.3)
@@ -175,7 +206,9 @@ def write_plot(metrics: dict[str, Any], path: Path) -> None:
 def summary(metrics: dict[str, Any]) -> dict[str, Any]:
     """The CLI's last line: the numbers a caller needs, without the per-epoch series."""
     keys = (
-        "final_val_accuracy",
+        "metric",
+        "metric_value",
+        "final",
         "epochs",
         "workers",
         "attempts",
@@ -192,5 +225,30 @@ def summary(metrics: dict[str, Any]) -> dict[str, Any]:
         "metrics_path",
         "plot_path",
     )
-    # "accuracy" is the final validation accuracy (the number callers compare runs by).
-    return {"accuracy": metrics["final_val_accuracy"], **{k: metrics.get(k) for k in keys}}
+    picked = {k: metrics.get(k) for k in keys}
+    if "final_val_accuracy" in metrics:
+        # A classifier's "accuracy" is its final validation accuracy (as before any model
+        # could report other metrics).
+        picked = {
+            "accuracy": metrics["final_val_accuracy"],
+            "final_val_accuracy": metrics["final_val_accuracy"],
+            **picked,
+        }
+    return picked
+
+
+def summary_line(result: dict[str, Any]) -> str:
+    """The CLI's human line: the headline metric first (a classifier's validation accuracy)."""
+    if result.get("final_val_accuracy") is not None:
+        lead = f"validation accuracy {result['final_val_accuracy']:.4f}"
+    elif result.get("metric") and result.get("metric_value") is not None:
+        lead = f"{result['metric']} {result['metric_value']:.4f}"
+    else:
+        lead = "no metrics"
+    speed = result.get("samples_per_second")
+    return (
+        f"{lead} after {result.get('epochs')} epochs on {result.get('workers')} worker(s) in "
+        f"{result.get('attempts')} attempt(s); "
+        + (f"{speed:.0f} samples/s; " if speed is not None else "")
+        + f"model {result.get('model_path')}"
+    )

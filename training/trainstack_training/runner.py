@@ -37,6 +37,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from trainstack_training.epochs import is_metric
+
 RECORD = "job.json"
 OUTPUT = "output.log"
 INSTALL_SCRIPT = "install.sh"  # the packages' install, written by `trainstack submit`
@@ -94,11 +96,7 @@ def queued_before(run_dir: Path) -> list[str]:
 
 
 def epoch_line(row: dict[str, Any], epochs: int) -> str:
-    metrics = " ".join(
-        f"{k} {float(v):.4f}"
-        for k, v in row.items()
-        if k in ("loss", "accuracy", "val_loss", "val_accuracy")
-    )
+    metrics = " ".join(f"{k} {float(v):.4f}" for k, v in row.items() if is_metric(k, v))
     return (
         f"[trainstack] epoch {row.get('epoch')}/{epochs} {metrics} "
         f"({float(row.get('train_seconds', 0)):.1f} s, attempt {row.get('attempt', 0)})\n"

@@ -57,8 +57,33 @@ class WorkerResult:
     peak_rss_mb: float
     model_path: str = ""
     history: dict[str, list[float]] = field(default_factory=dict)
+    # What a full-mode job's train(ctx) returned: the result's final metrics, verbatim.
+    returned: dict[str, float] = field(default_factory=dict)
     # Where this worker's time went, in seconds (see timing_breakdown()).
     timings: dict[str, float] = field(default_factory=dict)
+
+
+def returned_metrics(final: dict[Any, Any], entry_file: str) -> dict[str, float]:
+    """A full-mode job's returned dict as the result's metrics: string keys, numbers as floats
+    (NumPy and TensorFlow scalars too); anything else is the user's error, named by its key."""
+    metrics: dict[str, float] = {}
+    for key, value in final.items():
+        if not isinstance(key, str) or not key:
+            raise UserCodeError(
+                f"your code failed: train(ctx) in {entry_file} returned a dict with the key "
+                f"{key!r}; its keys must be metric names (non-empty strings)"
+            )
+        try:
+            number = float(value)
+        except (TypeError, ValueError):
+            number = None
+        if number is None or isinstance(value, bool | str | bytes):
+            raise UserCodeError(
+                f"your code failed: train(ctx) in {entry_file} returned {key}={value!r}; "
+                "each value of the returned dict must be a number (a metric's final value)"
+            )
+        metrics[key] = number
+    return metrics
 
 
 def configure_environment(tf_config: dict[str, Any] | None, cores: int) -> None:
@@ -293,6 +318,7 @@ def _run_job(
                 f"your code failed: train(ctx) in {spec.entry_file} returned "
                 f"{type(final).__name__}; it must return a dict of final metrics"
             )
+        returned = returned_metrics(final, spec.entry_file)
         if not ctx.saved:
             raise UserCodeError(
                 f"your code failed: train(ctx) in {spec.entry_file} returned without "
@@ -310,7 +336,8 @@ def _run_job(
             samples=epochs_run * steps_per_epoch * cfg.batch_size,
             peak_rss_mb=peak_rss_mb(),
             model_path=ctx.model_path if is_chief else "",
-            history={k: [float(v)] for k, v in final.items() if isinstance(v, int | float)},
+            history={k: [v] for k, v in returned.items()},
+            returned=returned,
             timings=timing_breakdown(marks, timer, fit_seconds),
         )
 

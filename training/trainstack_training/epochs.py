@@ -1,0 +1,39 @@
+"""An epoch row of a run's epochs.jsonl: trainstack's bookkeeping fields and the model's own
+metrics, whatever the job logs (Keras' `History` keys, or a full-mode job's `ctx.report`)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+# The fields of an epoch row that are not the model's metrics.
+ROW_FIELDS = frozenset({"epoch", "attempt", "train_seconds", "samples", "ended_at"})
+# Keys of Keras' epoch logs that are settings, not the model's metrics.
+NOT_METRICS = frozenset({"lr", "learning_rate"})
+
+
+def is_metric(key: str, value: Any) -> bool:
+    """`key` of an epoch row is one of the model's metrics (a number, not bookkeeping)."""
+    return (
+        key not in ROW_FIELDS
+        and key not in NOT_METRICS
+        and isinstance(value, int | float)
+        and not isinstance(value, bool)
+    )
+
+
+def metric_names(rows: list[dict[str, Any]]) -> list[str]:
+    """The metrics the job logged, in the order it first logged them (Keras: loss, the
+    compiled metrics, then their val_ pairs)."""
+    names: list[str] = []
+    for row in rows:
+        names.extend(k for k, v in row.items() if is_metric(k, v) and k not in names)
+    return names
+
+
+def headline(names: Any) -> str | None:
+    """The metric a one-line summary shows first: val_loss, else the first validation
+    metric, else the first metric."""
+    names = list(names)
+    if "val_loss" in names:
+        return "val_loss"
+    return next((n for n in names if n.startswith("val_")), names[0] if names else None)
