@@ -83,9 +83,11 @@ def firing(rules: Path, run_id: str) -> dict:
     }
 
 
-def promtool_test(
-    promtool: str, tmp_path: Path, rules: Path, tests: list[dict]
-) -> subprocess.CompletedProcess:
+def promtool_passes(
+    promtool: str, tmp_path: Path, rules: Path, name: str, series: list[dict], checks: list[dict]
+) -> None:
+    """`promtool test rules` with one test case: `series` in, `checks` (at()) must hold."""
+    tests = [{"name": name, "input_series": series, "alert_rule_test": checks}]
     test_file = tmp_path / "progress_test.yml"
     test_file.write_text(
         yaml.safe_dump(
@@ -97,13 +99,15 @@ def promtool_test(
             sort_keys=False,
         )
     )
-    return subprocess.run(
+    result = subprocess.run(
         [promtool, "test", "rules", str(test_file)],
         capture_output=True,
         text=True,
         check=False,
         timeout=60,
     )
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "SUCCESS" in result.stdout, result.stdout
 
 
 def at(minute: int, exp_alerts: list[dict]) -> dict:
@@ -120,25 +124,19 @@ def test_a_stalled_run_fires_after_the_timeout_with_its_labels(promtool, tmp_pat
     # The chief pushed at 0 s, then nothing: epoch 3 of 10. `for:`-less, the rule's own window
     # is the timeout: silent for 300 s is not yet over it, 360 s is.
     stalled = run("run-stalled", [0] * (MINUTES + 1), 3, 10)
-    result = promtool_test(
+    promtool_passes(
         promtool,
         tmp_path,
         rules,
+        "a stalled run",
+        stalled,
         [
-            {
-                "name": "a stalled run",
-                "input_series": stalled,
-                "alert_rule_test": [
-                    at(0, []),
-                    at(TIMEOUT_S // 60, []),
-                    at(TIMEOUT_S // 60 + 1, [firing(rules, "run-stalled")]),
-                    at(MINUTES, [firing(rules, "run-stalled")]),
-                ],
-            }
+            at(0, []),
+            at(TIMEOUT_S // 60, []),
+            at(TIMEOUT_S // 60 + 1, [firing(rules, "run-stalled")]),
+            at(MINUTES, [firing(rules, "run-stalled")]),
         ],
     )
-    assert result.returncode == 0, result.stdout + result.stderr
-    assert "SUCCESS" in result.stdout, result.stdout
 
 
 def test_a_run_making_progress_or_finished_does_not_fire(promtool, tmp_path, rules):
@@ -150,20 +148,14 @@ def test_a_run_making_progress_or_finished_does_not_fire(promtool, tmp_path, rul
     finished = run("run-finished", [0] * (MINUTES + 1), 10, 10)
     # And beside them a stalled run, which fires alone: the alert is live in this very test.
     stalled = run("run-stalled", [0] * (MINUTES + 1), 3, 10)
-    result = promtool_test(
+    promtool_passes(
         promtool,
         tmp_path,
         rules,
+        "runs that make progress or have finished",
+        progressing + finished + stalled,
         [
-            {
-                "name": "runs that make progress or have finished",
-                "input_series": progressing + finished + stalled,
-                "alert_rule_test": [
-                    at(m, [firing(rules, "run-stalled")] if m * 60 > TIMEOUT_S else [])
-                    for m in range(MINUTES + 1)
-                ],
-            }
+            at(m, [firing(rules, "run-stalled")] if m * 60 > TIMEOUT_S else [])
+            for m in range(MINUTES + 1)
         ],
     )
-    assert result.returncode == 0, result.stdout + result.stderr
-    assert "SUCCESS" in result.stdout, result.stdout
