@@ -192,14 +192,24 @@ class Streams:
 
     def __init__(self) -> None:
         self.lock = threading.Lock()
+        self.codes: dict[str, int] = {}
 
-    def _pump(self, name: str, proc: subprocess.Popen, log) -> None:
+    def _follow(self, name: str, proc: subprocess.Popen, log, started: float) -> None:
+        """Prints and logs the stream's lines; at its end, records its exit and wall time (of
+        this stream alone: the streams of a stage end in any order)."""
         assert proc.stdout is not None
-        for line in proc.stdout:
-            log.write(line)
-            with self.lock:
-                sys.stdout.write(f"[{name}] {line}")
-                sys.stdout.flush()
+        with log:
+            for line in proc.stdout:
+                log.write(line)
+                with self.lock:
+                    sys.stdout.write(f"[{name}] {line}")
+                    sys.stdout.flush()
+        code = proc.wait()
+        seconds = time.monotonic() - started
+        write_record(f"stream-{name}", seconds=round(seconds, 1), exit=code)
+        with self.lock:
+            self.codes[name] = code
+            print(f"[{name}] finished: exit {code} after {clock(seconds)}", flush=True)
 
     def run(self, streams: tuple[Stream, ...], marker: str) -> dict[str, int]:
         directory = times_dir()
@@ -219,29 +229,23 @@ class Streams:
                 stderr=subprocess.STDOUT,
                 text=True,
                 errors="replace",
-                start_new_session=False,
             )
-            pump = threading.Thread(target=self._pump, args=(stream.name, proc, log), daemon=True)
-            pump.start()
-            running.append((stream, proc, pump, log, time.monotonic()))
-        codes = {}
+            follow = threading.Thread(
+                target=self._follow,
+                args=(stream.name, proc, log, time.monotonic()),
+                daemon=True,
+            )
+            follow.start()
+            running.append((proc, follow))
         try:
-            for stream, proc, pump, log, started in running:
-                code = proc.wait()
-                pump.join()
-                log.close()
-                seconds = time.monotonic() - started
-                codes[stream.name] = code
-                write_record(f"stream-{stream.name}", seconds=round(seconds, 1), exit=code)
-                with self.lock:
-                    print(
-                        f"[{stream.name}] finished: exit {code} after {clock(seconds)}", flush=True
-                    )
+            for _, follow in running:
+                while follow.is_alive():
+                    follow.join(timeout=1.0)  # a timeout, so that Ctrl-C reaches this thread
         except KeyboardInterrupt:
-            for _, proc, *_ in running:
+            for proc, _ in running:
                 proc.terminate()
             raise
-        return codes
+        return {s.name: self.codes.get(s.name, -1) for s in streams}
 
 
 def passed(codes: dict[str, int]) -> bool:

@@ -119,3 +119,17 @@ def test_the_speed_reference_is_a_measurement(testplan):
     reference = json.loads(testplan.REFERENCE.read_text())
     assert reference["seconds"] > 0
     assert reference["measured"]
+
+
+def test_each_stream_records_its_own_end_and_exit(testplan, monkeypatch, tmp_path, capsys):
+    monkeypatch.setenv("TRAINSTACK_TIMES_DIR", str(tmp_path))
+    slow = testplan.Stream("slow", command=("sh", "-c", "sleep 2; echo done"))
+    quick = testplan.Stream("quick", command=("sh", "-c", "echo quick; exit 3"))
+    assert testplan.Streams().run((slow, quick), "unit") == {"slow": 0, "quick": 3}
+    records = testplan.read_records()
+    assert records["stream-slow"]["seconds"] >= 2
+    # Listed first but ended last: the quick stream's time is its own, not the slow one's.
+    assert records["stream-quick"]["seconds"] < 1.5 and records["stream-quick"]["exit"] == 3
+    out = capsys.readouterr().out
+    assert "[quick] quick\n" in out and "[slow] done\n" in out
+    assert (tmp_path / "slow.log").read_text() == "done\n"
