@@ -64,13 +64,14 @@ def training_settings(
         "cores_per_worker": config.worker_spark_cores if config.train_strategy == "single" else 1,
         "spark_conf": DRIVER_CONF,
         "runner_keep_alive": int(config.runner_keep_alive_seconds),
+        "runner_yield": bool(config.runner_yield),
     }
 
 
 # Settings of the declared job alone, not defaults of a submitted one (jobDefaults).
 JOB_ONLY_SETTINGS = ("job_sha", "job_params", "env_sha")
 # Settings that change how a job runs, not what it trains.
-NOT_A_RETRAIN = ("runner_keep_alive",)
+NOT_A_RETRAIN = ("runner_keep_alive", "runner_yield")
 
 
 def load_job(config: stack_config.StackConfig) -> JobSpec:

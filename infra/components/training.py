@@ -227,6 +227,8 @@ def _job_command(props: dict[str, Any], run_dir: str, hold_file: str = "") -> li
         command += ["--cores-per-worker", str(int(settings.get("cores_per_worker") or 1))]
     if settings.get("runner_keep_alive"):  # absent in the state of runs before the runner
         command += ["--runner-keep-alive", str(int(settings["runner_keep_alive"]))]
+    if settings.get("runner_yield") is False:  # absent before the key: the default, True
+        command += ["--no-runner-yield"]
     if hold_file:  # last: _stop_earlier_launches matches `--output <run dir>` and a space
         command += ["--hold-file", hold_file]
     return command
@@ -318,7 +320,7 @@ class TrainingArgs:
     # container name): the job is submitted from the first healthy one.
     submit_candidates: list[dict[str, Any]] | list[str]
     # job_sha, job_params, workers, epochs, batch_size, data, rows, strategy,
-    # cores_per_worker, spark_conf, runner_keep_alive
+    # cores_per_worker, spark_conf, runner_keep_alive, runner_yield
     settings: dict[str, Any]
     trigger: str  # digest of everything that should launch a new run
     host_artifacts_dir: str

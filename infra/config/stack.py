@@ -63,6 +63,9 @@ class StackValues:
     # node and gives the cluster's cores back after this long without a job; "0" = each job
     # starts and stops its own.
     runner_keep_alive: str = "10m"
+    # While no job runs in it, the warm runner stops as soon as another Spark application waits
+    # for the cores it holds; False keeps them for the whole keep-alive.
+    runner_yield: bool = True
     # Monitoring (docs/monitoring.md): Prometheus on the first control node.
     monitoring: bool = True
     monitoring_port: int = -1  # -1: uiPortBase + 1010 (19090), or 0 when uiPortBase is 0

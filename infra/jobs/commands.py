@@ -213,6 +213,7 @@ class Jobs:
             "--spark-conf", str(settings["spark_conf"]),
             "--app-name", f"trainstack-{job_id}",
             "--runner-keep-alive", str(int(settings.get("runner_keep_alive") or 0)),
+            *([] if settings.get("runner_yield", True) else ["--no-runner-yield"]),
             "--output", run_dir,
         ]  # fmt: skip
         detached = f"setsid nohup {shlex.join(command)} >/dev/null 2>&1 </dev/null &"

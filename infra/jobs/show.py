@@ -50,6 +50,8 @@ def print_status(record: dict[str, Any]) -> None:
         f"  params {json.dumps(record.get('params', {}), sort_keys=True)}",
         f"  node {record.get('node')}, {_age(record)}",
     ]
+    if record.get("waiting_for"):  # its Spark application waits for another's cores
+        lines.append(f"  {record['waiting_for']}")
     if result:
         lines.append(
             f"  {result_metrics(result)} after {result.get('epochs')} epochs; model "

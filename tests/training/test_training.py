@@ -14,6 +14,7 @@ from trainstack_training import launcher
 from trainstack_training.config import TrainConfig
 from trainstack_training.launcher import wait_for_slots
 from trainstack_training.report import SPLIT_PARTS, time_split
+from trainstack_training.sparkmaster import WAITING_FILE, Application, MasterView
 
 from .conftest import EXAMPLES, run_cli
 
@@ -187,6 +188,8 @@ def _epoch_rows(out: Path) -> list[dict[str, Any]]:
 class _Cluster:
     """What wait_for_slots reads of a SparkContext (`sc._jsc.sc()`): the slot count per poll."""
 
+    applicationId = "app-20261204000000-0001"  # noqa: N815 (PySpark's name)
+
     def __init__(self, slots: list[int], registered_wait_ms: int = 1000) -> None:
         self.slots, self.polls, self.wait_ms = slots, 0, registered_wait_ms
         self.started_ms = int(time.time() * 1000)
@@ -214,6 +217,44 @@ class _Cluster:
 
 
 _CLUSTER_CFG = {"master": "spark://m1:7077", "workers": 2}
+
+
+@pytest.fixture(autouse=True)
+def _no_master(monkeypatch: pytest.MonkeyPatch) -> None:
+    """No master's JSON page answers (as during a takeover): no other application is seen."""
+    monkeypatch.setattr(launcher, "alive_master", lambda *args, **kwargs: None)
+
+
+def _view(holder_cores: int) -> MasterView:
+    other = Application("app-other", "their-etl", holder_cores, "RUNNING", 1024)
+    own = Application(_Cluster.applicationId, "trainstack-runner", 0, "WAITING", 1024)
+    return MasterView("http://m1:8080/json/", (own, other), 0 if holder_cores else 2, (4096,))
+
+
+def test_a_job_is_queued_without_a_limit_while_another_application_holds_the_cores(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.setattr(launcher, "FIRST_EXECUTOR_WAIT_SECONDS", 1.0)
+    monkeypatch.setattr(launcher.CoreQueue, "CHECK_SECONDS", 0.0)
+    views = [_view(2)] * 15 + [_view(0)]  # the other application ends after 15 checks
+    seen: list[bool] = []
+
+    def master(*args: object, **kwargs: object) -> MasterView:
+        seen.append((tmp_path / WAITING_FILE).exists())
+        return views[min(len(seen), len(views)) - 1]
+
+    monkeypatch.setattr(launcher, "alive_master", master)
+    cluster = _Cluster([0] * 17 + [2])
+    cfg = TrainConfig(**_CLUSTER_CFG, output=str(tmp_path))
+    queued = wait_for_slots(cluster, cfg)  # type: ignore[arg-type]
+    assert 2.5 < queued < 6, queued  # 15 polls of 0.2 s, and the checks
+    # Past FIRST_EXECUTOR_WAIT_SECONDS (15 polls of 0.2 s), and waiting.json while queued.
+    assert cluster.polls == 18 and seen[1:15] == [True] * 14, (cluster.polls, seen)
+    assert not (tmp_path / WAITING_FILE).exists()
+    err = capsys.readouterr().err
+    assert err.count("[trainstack] queued: waiting for cores held by application app-other "
+                     "(their-etl)") == 1, err  # fmt: skip
+    assert "the cores are free" in err
 
 
 def test_waits_for_the_executors_slots_before_training() -> None:

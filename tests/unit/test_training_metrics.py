@@ -47,3 +47,19 @@ def test_a_failed_push_does_not_raise(monkeypatch, capsys):
     pusher = metrics.EpochPusher("http://gw:9091", "run-abc", epochs=3, workers=2)
     assert pusher.push(1, 1) is False
     assert "connection refused" in capsys.readouterr().err
+
+
+def test_the_runners_yields_are_one_counter_of_the_cluster(monkeypatch):
+    pushed = []
+    monkeypatch.setattr(
+        prometheus_client,
+        "push_to_gateway",
+        lambda gw, job, registry, timeout: pushed.append(
+            (gw, job, {s.name: s.value for m in registry.collect() for s in m.samples})
+        ),
+    )
+    assert metrics.push_runner_yields("http://gw:9091", 3)
+    gw, job, values = pushed[-1]
+    assert (gw, job) == ("http://gw:9091", "trainstack_runner")
+    assert values["trainstack_runner_yields_total"] == 3
+    assert metrics.push_runner_yields("", 4) is False and len(pushed) == 1  # no Pushgateway

@@ -151,6 +151,21 @@ class TrainConfig:
             "0 = the job's own Spark application, stopped at its end"
         },
     )
+    runner_yield: bool = field(
+        default=True,
+        metadata={
+            "help": "the warm runner, while no job runs in it, stops as soon as another Spark "
+            "application waits for the cores it holds (the ALIVE master's JSON page says so); "
+            "--no-runner-yield keeps the cores for the whole keep-alive"
+        },
+    )
+    master_ui_port: int = field(
+        default=8080,
+        metadata={
+            "help": "the Spark masters' web UI port on the cluster network, whose JSON page "
+            "says which applications hold or wait for cores"
+        },
+    )
     spark_conf: str = field(
         default="",
         metadata={
@@ -238,6 +253,10 @@ class TrainConfig:
                 f"steps_per_execution={self.steps_per_execution}: must be >= 1",
             ),
             (self.bytes_per_pack >= 0, f"bytes_per_pack={self.bytes_per_pack}: must be >= 0"),
+            (
+                0 < self.master_ui_port < 65536,
+                f"master_ui_port={self.master_ui_port}: must be a port in 1-65535",
+            ),
             (self.local_prep_mb >= 0, f"local_prep_mb={self.local_prep_mb}: must be >= 0"),
             (bool(self.master), "master is empty: give a Spark master URL"),
             (bool(self.output), "output is empty: give a directory on shared storage"),

@@ -28,6 +28,7 @@ from trainstack_training.config import TrainConfig
 from trainstack_training.data import DataInfo, prepare
 from trainstack_training.job import ERROR_FILE, recorded_error
 from trainstack_training.ranklog import RankLog
+from trainstack_training.sparkmaster import WAITING_FILE, Application, alive_master
 from trainstack_training.train import EPOCH_LOG, job_spec
 
 if TYPE_CHECKING:
@@ -162,19 +163,28 @@ def build_session(cfg: TrainConfig) -> SparkSession:
 FIRST_EXECUTOR_WAIT_SECONDS = 600
 
 
-def wait_for_slots(sc: SparkContext, cfg: TrainConfig, since: float = 0.0) -> None:
+def wait_for_slots(
+    sc: SparkContext, cfg: TrainConfig, since: float = 0.0, cancel: CancelOnInterrupt | None = None
+) -> float:
     """Wait until the executors give one slot per worker. The executors start while the
     data stage runs; waiting here keeps their registration out of the training stage's time
     (their first task's start-up is still in it).
 
-    Once some executors are there, wait as Spark itself waits for resources before it
-    schedules (`spark.scheduler.maxRegisteredResourcesWaitingTime`, from the context's
-    start, or from `since` when the job joined a context that was already up (a warm
-    runner); while there are none, up to FIRST_EXECUTOR_WAIT_SECONDS. A cluster that never has
-    the slots is left to the barrier stage's own check, which fails with a ClusterError."""
+    While another application holds cores (the ALIVE master says which), the job is queued
+    behind it, as any Spark application is: it says so once per holder, on stderr and in
+    ``<output>/waiting.json`` (`trainstack status` shows it), and waits without a limit,
+    since the cores come back when that application ends. Otherwise, once some executors are
+    there, wait as Spark itself waits for resources before it schedules
+    (`spark.scheduler.maxRegisteredResourcesWaitingTime`, from the context's start, or from
+    `since` when the job joined a context that was already up (a warm runner); while there
+    are none, up to FIRST_EXECUTOR_WAIT_SECONDS. A cluster that never has the slots is left
+    to the barrier stage's own check, which fails with a ClusterError.
+
+    Returns the seconds the job was queued behind other applications."""
     if effective_master(cfg).startswith("local"):
-        return
+        return 0.0
     jsc = sc._jsc.sc()  # no Python API for the slot count
+    queue = CoreQueue(cfg, sc.applicationId)
     try:
         profile = jsc.resourceProfileManager().defaultResourceProfile()
         started = max(jsc.startTime() / 1000, since)
@@ -184,9 +194,16 @@ def wait_for_slots(sc: SparkContext, cfg: TrainConfig, since: float = 0.0) -> No
         )
         told = 0
         while (slots := jsc.maxNumConcurrentTasks(profile)) < cfg.workers:
+            if cancel is not None and cancel.requested.is_set():
+                break  # the caller's cancel.check() raises
+            if queue.held_elsewhere():
+                started = time.time()  # the wait for executors starts when the cores are free
+                told = 0
+                time.sleep(0.2)
+                continue
             waited = time.time() - started
             if waited >= (registered_wait if slots else FIRST_EXECUTOR_WAIT_SECONDS):
-                return
+                break
             if waited >= told + 15:  # as Spark's "Initial job has not accepted any resources"
                 told = int(waited)
                 print(
@@ -197,7 +214,57 @@ def wait_for_slots(sc: SparkContext, cfg: TrainConfig, since: float = 0.0) -> No
                 )
             time.sleep(0.2)
     except Exception:  # an internal API changed: the barrier check still holds
-        return
+        pass
+    finally:
+        queue.done()
+    return queue.queued_seconds
+
+
+class CoreQueue:
+    """What a job whose application lacks executors waits for: the cores that other
+    applications hold, from the ALIVE master's JSON page (asked every CHECK_SECONDS)."""
+
+    CHECK_SECONDS = 2.0
+
+    def __init__(self, cfg: TrainConfig, app_id: str) -> None:
+        self.cfg, self.app_id = cfg, app_id
+        self.file = Path(cfg.output) / WAITING_FILE
+        self.checked = 0.0
+        self.holders: list[Application] = []
+        self.said = ""
+        self.since = 0.0  # when the job was last seen queued
+        self.queued_seconds = 0.0
+
+    def held_elsewhere(self) -> bool:
+        """Whether other applications hold cores while this one has too few (told once per
+        change of holders)."""
+        if time.monotonic() - self.checked >= self.CHECK_SECONDS:
+            self.checked = time.monotonic()
+            view = alive_master(self.cfg.master, self.cfg.master_ui_port)
+            # No free core for this application: the cores it waits for are the others'.
+            self.holders = view.holders(self.app_id) if view and view.free_cores == 0 else []
+            reason = (
+                "queued: waiting for cores held by " + ", ".join(map(str, self.holders))
+                if self.holders
+                else ""
+            )
+            if reason and not self.said:
+                self.since = time.monotonic()
+            if reason and reason != self.said:
+                self.said = reason
+                print(f"[trainstack] {reason}", file=sys.stderr, flush=True)
+                with contextlib.suppress(OSError):
+                    self.file.write_text(json.dumps({"reason": reason, "since": time.time()}))
+            elif not reason:
+                self.done()
+        return bool(self.holders)
+
+    def done(self) -> None:
+        if self.said:
+            self.queued_seconds += time.monotonic() - self.since
+            print("[trainstack] the cores are free: the job goes on", file=sys.stderr, flush=True)
+        self.said = ""
+        self.file.unlink(missing_ok=True)
 
 
 def check_slots(sc: SparkContext, cfg: TrainConfig) -> None:
@@ -324,7 +391,7 @@ def run(cfg: TrainConfig) -> dict[str, Any]:
     cfg.output = str(out)  # the tasks need the absolute shared path
     # A backup/ left by an interrupted run is kept on purpose: the new run resumes from it,
     # and then the epoch log of the earlier epochs is kept too.
-    stale = [ATTEMPTS_LOG, ".fault-injected", ERROR_FILE]
+    stale = [ATTEMPTS_LOG, ".fault-injected", ERROR_FILE, WAITING_FILE]
     if not _has_backup(out):
         stale.append(EPOCH_LOG)
     for name in stale:
@@ -357,6 +424,9 @@ def run(cfg: TrainConfig) -> dict[str, Any]:
 
         def slot_check() -> None:
             mark = time.perf_counter()
+            queued = wait_for_slots(sc, cfg, attached.since if attached else 0.0, cancel)
+            phases["queued_for_cores"] = queued  # behind other applications
+            cancel.check()
             check_slots(sc, cfg)
             phases["slot_check"] = time.perf_counter() - mark
 
@@ -365,7 +435,8 @@ def run(cfg: TrainConfig) -> dict[str, Any]:
         # slot check fails just as fast.
         info = prepare(session, cfg, out / "data", before_distributed=slot_check)
         mark = time.perf_counter()
-        wait_for_slots(sc, cfg, attached.since if attached else 0.0)
+        queued = wait_for_slots(sc, cfg, attached.since if attached else 0.0, cancel)
+        phases["queued_for_cores"] = phases.get("queued_for_cores", 0.0) + queued
         phases["spark_executors"] = time.perf_counter() - mark
         train_start = time.perf_counter()
         before_barrier = train_start - start

@@ -13,6 +13,11 @@ The Pushgateway's address comes from the environment (`TRAINSTACK_PUSHGATEWAY`, 
     trainstack_training_samples_per_second   of the last epoch's training steps
     trainstack_training_last_progress_timestamp_seconds   when the chief last pushed
 
+The warm runner pushes how often it gave the cluster's cores to another application
+(trainstack_training.warm), grouped by nothing but its job, so the series is the cluster's:
+
+    trainstack_runner_yields_total       yields since the stack's shared storage was made
+
 A push that fails is reported on stderr and training goes on: monitoring never stops a run.
 """
 
@@ -117,6 +122,33 @@ class EpochPusher:
             self.failures += 1
             print(f"trainstack: pushing metrics to {self.gateway} failed: {exc}", file=sys.stderr)
             return False
+
+
+RUNNER_JOB = "trainstack_runner"
+
+
+def push_runner_yields(gateway: str, total: int) -> bool:
+    """Push the warm runners' yield count (a counter: it only grows, kept on shared storage
+    by the runner); False when there is no Pushgateway or the push failed (said on stderr)."""
+    if not gateway:
+        return False
+    from prometheus_client import CollectorRegistry, Counter, push_to_gateway
+
+    registry = CollectorRegistry()
+    counter = Counter(
+        "trainstack_runner_yields",
+        "Times an idle warm runner gave the cluster's cores to another Spark application.",
+        registry=registry,
+    )
+    counter.inc(total)
+    try:
+        push_to_gateway(gateway, job=RUNNER_JOB, registry=registry, timeout=5)
+        return True
+    except Exception as exc:  # monitoring must never stop the runner
+        print(
+            f"trainstack: pushing the runner's yields to {gateway} failed: {exc}", file=sys.stderr
+        )
+        return False
 
 
 def keras_callbacks(

@@ -10,8 +10,11 @@ record, ``RUN_DIR/job.json``, on shared storage, where `trainstack status` and `
 that is not on the cluster yet; an installing job does not hold the queue), ``queued`` until
 the job is the oldest queued job and holds the cluster's barrier lock (one barrier job at a
 time; the stack's own job takes the same lock), then ``running``, then ``succeeded``,
-``failed`` or ``cancelled``. The job's output goes to ``RUN_DIR/output.log``,
-with one line per finished epoch (from the run's epochs.jsonl) for `trainstack logs`.
+``failed`` or ``cancelled``. A running job whose Spark application waits for cores that
+another application holds is shown ``queued`` again, with ``waiting_for`` saying which
+(trainstack-train's ``waiting.json``), until it has them. The job's output goes to
+``RUN_DIR/output.log``, with one line per finished epoch (from the run's epochs.jsonl) for
+`trainstack logs`.
 
 SIGTERM (`trainstack cancel`) stops a running job the way Spark stops one: SIGINT to the
 driver, whose PySpark handler cancels its jobs (Spark kills the barrier tasks and their
@@ -38,6 +41,7 @@ from pathlib import Path
 from typing import Any
 
 from trainstack_training.epochs import is_metric
+from trainstack_training.sparkmaster import WAITING_FILE
 
 RECORD = "job.json"
 OUTPUT = "output.log"
@@ -140,9 +144,28 @@ class Runner:
         last = 0.0
         while not self.done.wait(EPOCH_POLL_SECONDS):
             self.copy_epochs()
+            self.show_waiting()
             if time.monotonic() - last >= HEARTBEAT_SECONDS:
                 write_record(self.run_dir, heartbeat=time.time())
                 last = time.monotonic()
+
+    def show_waiting(self) -> None:
+        """A running job's Spark application waits for cores held by another: `queued` with
+        why, until it has them (then `running` again)."""
+        try:
+            reason = str(json.loads((self.run_dir / WAITING_FILE).read_text())["reason"])
+        except (OSError, ValueError, KeyError, TypeError):
+            reason = ""
+        with _RECORD_LOCK:
+            if self.done.is_set():
+                return
+            record = read_record(self.run_dir)
+            if reason and record.get("state") == "running":
+                write_record(self.run_dir, state="queued", waiting_for=reason)
+            elif reason and record.get("waiting_for") != reason and record.get("state") == "queued":
+                write_record(self.run_dir, waiting_for=reason)
+            elif not reason and record.get("waiting_for"):
+                write_record(self.run_dir, state="running", waiting_for="")
 
     def copy_epochs(self) -> None:
         try:
@@ -285,6 +308,7 @@ class Runner:
             state=state,
             ended_at=time.time(),
             exit_code=code,
+            waiting_for="",
             error=reason or ("" if state != "failed" else str(summary.get("error") or "")),
             result=summary if summary.get("ok") else {},
         )

@@ -19,6 +19,11 @@ who runs jobs (the holder of the cluster's secret, which that user's Spark confi
 holds). It adds no port that other machines can reach and none without authentication.
 
 The runner stops its context and exits:
+- while no job runs in it, as soon as another Spark application waits for the cores it holds
+  (`--yield`, on by default: the ALIVE master's JSON page says so, trainstack_training.
+  sparkmaster), so that the cluster stays a Spark cluster for everyone; a running job keeps
+  its cores until it ends. The yield is logged, and counted in Prometheus
+  (`trainstack_runner_yields_total`, through the Pushgateway);
 - after SECONDS without a job, so the cluster's cores go back to other applications (barrier
   stages cannot use dynamic allocation, SPARK-24819); the next job starts it again;
 - when a job on another node asks it to (one warm runner per cluster: its executors hold the
@@ -49,7 +54,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from trainstack_training import sparkmaster
 from trainstack_training.config import TrainConfig
+from trainstack_training.metrics import PUSHGATEWAY_ENV, push_runner_yields
 
 if TYPE_CHECKING:
     from pyspark import SparkContext
@@ -68,6 +75,9 @@ HEARTBEAT_STALE_SECONDS = 10.0
 START_TIMEOUT_SECONDS = 300.0  # the JVM and the context (not the executors: the job waits)
 EVICT_TIMEOUT_SECONDS = 60.0
 WARM_UP_GROUP = "trainstack-warm-up"
+YIELD_CHECK_SECONDS = 1.0  # how often an idle runner asks the master who waits for cores
+YIELD_CONFIRM_CHECKS = 2  # the same application seen waiting this many checks in a row
+YIELDS = ".warm-runner.yields.json"  # in the runs directory: the cluster's yields so far
 # A user's runner state lives in STATE_DIR_PREFIX + uid on each node (the common role's teardown
 # removes it: common_warm_runner_dir_prefix).
 STATE_DIR_PREFIX = "/tmp/trainstack-warm-"
@@ -138,13 +148,19 @@ def _write_json(path: Path, value: dict[str, Any], mode: int = 0o600) -> None:
 
 
 @contextlib.contextmanager
-def _locked(state: Path) -> Iterator[None]:
-    fd = os.open(state / LOCK, os.O_RDWR | os.O_CREAT, 0o600)
+def _locked_file(path: Path, mode: int = 0o600) -> Iterator[None]:
+    fd = os.open(path, os.O_RDWR | os.O_CREAT, mode)
     try:
         fcntl.flock(fd, fcntl.LOCK_EX)
         yield
     finally:
         os.close(fd)
+
+
+def _locked(state: Path) -> contextlib.AbstractContextManager[None]:
+    """This node's runner lock: held while a job attaches and while the runner decides to
+    stop, so that no job attaches to a runner that is stopping."""
+    return _locked_file(state / LOCK)
 
 
 def live_runner(state: Path) -> dict[str, Any]:
@@ -252,7 +268,11 @@ def attach(cfg: TrainConfig, settings: dict[str, str]) -> Attached:
         print(f"[trainstack] {line}", file=sys.stderr, flush=True)
 
     state = state_dir()
-    key = settings_key(settings)
+    # A runner that yields (or not) as this job asks, and asks the masters' UI on its port.
+    key = settings_key(
+        {**settings, "trainstack.runnerYield": str(cfg.runner_yield),
+         "trainstack.masterUiPort": str(cfg.master_ui_port)}
+    )  # fmt: skip
     group = f"trainstack-{os.getpid()}-{secrets.token_hex(4)}"
     lease = state / f"{LEASE_PREFIX}{os.getpid()}"
     with _locked(state):
@@ -311,6 +331,8 @@ class Runner:
         self.host = socket.gethostname()
         self.stopping = False
         self.sc: SparkContext | None = None
+        self.gateway = ""
+        self.seen_waiting: tuple[str | None, int] = (None, 0)
 
     def on_term(self, signum: int, frame: Any) -> None:
         del signum, frame
@@ -353,6 +375,44 @@ class Runner:
                 mode=0o644,
             )
 
+    def yield_to(self) -> sparkmaster.Application | None:
+        """The application this idle runner should give its cores to: at once when no worker
+        has a free core; else one seen waiting in YIELD_CONFIRM_CHECKS checks in a row (a new
+        application is WAITING for the moment before the master schedules it on free cores)."""
+        assert self.sc is not None
+        view = sparkmaster.alive_master(self.cfg.master, self.cfg.master_ui_port)
+        app = sparkmaster.waiting_for_cores(view, self.sc.applicationId) if view else None
+        if app is None:
+            self.seen_waiting = (None, 0)
+            return None
+        if view is not None and view.free_cores == 0:
+            return app  # no free core anywhere: it cannot be about to get one
+        seen, count = self.seen_waiting
+        count = count + 1 if seen == app.id else 1
+        self.seen_waiting = (app.id, count)
+        return app if count >= YIELD_CONFIRM_CHECKS else None
+
+    def stop_if_idle(self, why: str) -> str:
+        """`why` when no job has attached meanwhile (the runner's info is then gone, so none
+        attaches later), else "": no job attaches while the runner decides."""
+        with _locked(self.state):
+            if self.reap():
+                return ""
+            (self.state / INFO).unlink(missing_ok=True)
+            return why
+
+    def count_yield(self) -> None:
+        """One more yield in the cluster's count (shared storage), pushed to Prometheus."""
+        path = self.runs_dir / YIELDS
+        try:
+            with _locked_file(path.with_name(f".{path.name}.lock")):
+                total = int(_read_json(path).get("yields", 0)) + 1
+                _write_json(path, {"yields": total}, mode=0o644)
+        except OSError as exc:
+            self.log(f"counting the yield failed: {exc}")
+            return
+        push_runner_yields(self.gateway, total)
+
     def serve(self) -> int:
         from trainstack_training.launcher import build_context
 
@@ -362,6 +422,10 @@ class Runner:
         signal.signal(signal.SIGINT, self.on_term)  # after PySpark's own handler
         assert self.sc._gateway is not None  # no public accessor for the gateway's port
         gateway = self.sc._gateway.gateway_parameters
+        # The Pushgateway the executors get (the spark role's client config), for the yields.
+        self.gateway = self.sc.getConf().get(
+            f"spark.executorEnv.{PUSHGATEWAY_ENV}", os.environ.get(PUSHGATEWAY_ENV, "")
+        )
         self.beat()
         _write_json(
             self.state / INFO,
@@ -388,7 +452,8 @@ class Runner:
             if time.monotonic() - beaten >= HEARTBEAT_SECONDS:
                 self.beat()
                 beaten = time.monotonic()
-            if self.reap():
+            live = self.reap()
+            if live:
                 idle_since = time.monotonic()
             if self.stopping:
                 why = "SIGTERM"
@@ -396,14 +461,15 @@ class Runner:
                 why = "its Spark context stopped (the masters gave up on it)"
             elif self.asked_to_stop():
                 why = "a job on another node needs the cores"
+            elif not live and self.cfg.runner_yield and (other := self.yield_to()) is not None:
+                why = self.stop_if_idle(f"yielding the cores to {other}, which waits for them")
             elif time.monotonic() - idle_since >= self.keep_alive:
-                with _locked(self.state):  # no job attaches while the runner decides
-                    if not self.reap():
-                        why = f"idle for {self.keep_alive:.0f} s"
-                        (self.state / INFO).unlink(missing_ok=True)
-                if not why:
-                    idle_since = time.monotonic()
+                why = self.stop_if_idle(f"idle for {self.keep_alive:.0f} s")
+            if not why and time.monotonic() - idle_since >= self.keep_alive:
+                idle_since = time.monotonic()  # a job attached while the runner decided
         self.stop(why)
+        if why.startswith("yielding"):  # counted once the cores are given back
+            self.count_yield()
         return 0
 
     def warm_executors(self) -> None:
