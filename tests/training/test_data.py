@@ -10,7 +10,6 @@ from typing import Any
 import numpy as np
 import pandas as pd
 import pytest
-from trainstack_training import data
 from trainstack_training.config import ConfigError, TrainConfig, parse_args
 from trainstack_training.data import (
     DataError,
@@ -19,6 +18,7 @@ from trainstack_training.data import (
     load_arrays,
     prepare,
     spark_xxhash64,
+    stage,
 )
 from trainstack_training.launcher import ClusterError, check_slots
 
@@ -76,7 +76,7 @@ def _sorted_rows(path: str) -> tuple[np.ndarray, np.ndarray]:
 def _on_path(path: str, monkeypatch: pytest.MonkeyPatch) -> int:
     """Make prepare() take `path`; returns the local_prep_mb to use."""
     if path == "driver":  # a small set the arrow path does not take
-        monkeypatch.setattr(data, "_small_parquet_files", lambda *_: None)
+        monkeypatch.setattr(stage, "_small_parquet_files", lambda *_: None)
     return 0 if path == "spark" else 32
 
 
@@ -181,7 +181,11 @@ def _digits_df(n: int = 300) -> pd.DataFrame:
     [
         (lambda d: d.drop(columns=["label"]), {}, r"label column 'label' is missing"),
         (lambda d: d, {"feature_cols": "f0,nope"}, r"feature columns \['nope'\] are missing"),
-        (lambda d: d.assign(label=d["label"] + 0.5), {}, r"non-integer values \(e\.g\. "),
+        (
+            lambda d: d.assign(label=d["label"] + 0.5),
+            {"task": "classification"},
+            r"non-integer values \(e\.g\. ",
+        ),
         (
             lambda d: d.assign(label=d["label"].astype(str)),
             {},
