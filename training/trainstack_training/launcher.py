@@ -24,6 +24,7 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from trainstack_training.attempts import ATTEMPTS_LOG, count_attempts, record_attempt
 from trainstack_training.config import TrainConfig
 from trainstack_training.data import DataInfo, prepare
 from trainstack_training.job import ERROR_FILE, recorded_error
@@ -34,7 +35,6 @@ if TYPE_CHECKING:
     from pyspark import SparkContext
     from pyspark.sql import SparkSession
 
-ATTEMPTS_LOG = "attempts.log"
 _LOCAL = re.compile(r"^local\[(\d+|\*)\]$")
 
 
@@ -256,8 +256,7 @@ def barrier_task(cfg_json: str, info_json: str) -> Any:
         host = ctx.getTaskInfos()[index].address.rsplit(":", 1)[0]
         if index == 0:
             # One line per barrier-stage attempt: the metrics report how many it took.
-            with (Path(cfg.output).resolve() / ATTEMPTS_LOG).open("a") as fh:
-                fh.write(f"{time.time():.3f} {host}\n")
+            record_attempt(Path(cfg.output).resolve(), host)
         # allGather returns the messages ordered by partition id = TF task index.
         peers = ctx.allGather(f"{host}:{_free_port()}")
         attempt = count_attempts(Path(cfg.output).resolve())
@@ -415,8 +414,3 @@ def run(cfg: TrainConfig) -> dict[str, Any]:
 def _has_backup(out: Path) -> bool:
     backup = out / "backup"
     return backup.is_dir() and any(p.is_file() for p in backup.rglob("*"))
-
-
-def count_attempts(out: Path) -> int:
-    log = out / ATTEMPTS_LOG
-    return len(log.read_text().splitlines()) if log.exists() else 0

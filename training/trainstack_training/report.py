@@ -6,10 +6,10 @@ import json
 from pathlib import Path
 from typing import Any
 
+from trainstack_training.attempts import count_attempts
 from trainstack_training.config import TrainConfig
 from trainstack_training.data import DataInfo
 from trainstack_training.epochs import headline, metric_names
-from trainstack_training.launcher import count_attempts
 from trainstack_training.train import EPOCH_LOG
 
 METRICS_FILE = "metrics.json"
