@@ -51,8 +51,9 @@ def print_status(record: dict[str, Any]) -> None:
         f"  node {record.get('node')}, {_age(record)}",
     ]
     if result:
+        task = f"{result['task']}: " if result.get("task") else ""  # absent in older results
         lines.append(
-            f"  {result_metrics(result)} after {result.get('epochs')} epochs; model "
+            f"  {task}{result_metrics(result)} after {result.get('epochs')} epochs; model "
             f"{result.get('model_path')}"
         )
     if record.get("error"):

@@ -27,7 +27,7 @@ from typing import TYPE_CHECKING, Any
 from trainstack_training.attempts import ATTEMPTS_LOG, count_attempts, record_attempt
 from trainstack_training.config import TrainConfig
 from trainstack_training.data import DataInfo, prepare
-from trainstack_training.job import ERROR_FILE, recorded_error
+from trainstack_training.job import ERROR_FILE, apply_manifest, recorded_error
 from trainstack_training.ranklog import RankLog
 from trainstack_training.train import EPOCH_LOG, job_spec
 
@@ -317,7 +317,8 @@ def run(cfg: TrainConfig) -> dict[str, Any]:
     # function or a syntax error is one sentence, and nothing runs).
     if cfg.job_dir:  # the tasks need the absolute shared path
         cfg.job_dir = str(Path(cfg.job_dir).resolve())
-    job_spec(cfg)
+    spec = job_spec(cfg)
+    apply_manifest(cfg, spec)  # its label and task, for the data stage
     out = Path(cfg.output).resolve()
     out.mkdir(parents=True, exist_ok=True)
     cfg.output = str(out)  # the tasks need the absolute shared path
@@ -387,7 +388,9 @@ def run(cfg: TrainConfig) -> dict[str, Any]:
         # BackupAndRestore deletes its checkpoints on success but leaves the empty directories.
         shutil.rmtree(out / "backup", ignore_errors=True)
     mark = time.perf_counter()
-    metrics = build_metrics(cfg, info, results, out, train_seconds, time.perf_counter() - start)
+    metrics = build_metrics(
+        cfg, info, results, out, train_seconds, time.perf_counter() - start, spec.metric
+    )
     write_outputs(metrics, out, plot=cfg.plot)
     phases["report"] = time.perf_counter() - mark
     metrics["total_seconds"] = time.perf_counter() - start
