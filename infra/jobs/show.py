@@ -53,8 +53,9 @@ def print_status(record: dict[str, Any]) -> None:
     if record.get("waiting_for"):  # its Spark application waits for another's cores
         lines.append(f"  {record['waiting_for']}")
     if result:
+        task = f"{result['task']}: " if result.get("task") else ""  # absent in older results
         lines.append(
-            f"  {result_metrics(result)} after {result.get('epochs')} epochs; model "
+            f"  {task}{result_metrics(result)} after {result.get('epochs')} epochs; model "
             f"{result.get('model_path')}"
         )
     if record.get("error"):

@@ -10,7 +10,6 @@ from typing import Any
 import numpy as np
 import pandas as pd
 import pytest
-from trainstack_training import data
 from trainstack_training.config import ConfigError, TrainConfig, parse_args
 from trainstack_training.data import (
     DataError,
@@ -19,6 +18,7 @@ from trainstack_training.data import (
     load_arrays,
     prepare,
     spark_xxhash64,
+    stage,
 )
 from trainstack_training.launcher import ClusterError, check_slots
 
@@ -76,7 +76,7 @@ def _sorted_rows(path: str) -> tuple[np.ndarray, np.ndarray]:
 def _on_path(path: str, monkeypatch: pytest.MonkeyPatch) -> int:
     """Make prepare() take `path`; returns the local_prep_mb to use."""
     if path == "driver":  # a small set the arrow path does not take
-        monkeypatch.setattr(data, "_small_parquet_files", lambda *_: None)
+        monkeypatch.setattr(stage, "_small_parquet_files", lambda *_: None)
     return 0 if path == "spark" else 32
 
 
@@ -162,6 +162,37 @@ def test_csv_input(spark: Any, tmp_path: Path) -> None:
     assert info.n_features == 2 and info.feature_cols == ["a", "b"] and info.total_rows == 400
 
 
+def test_a_regressions_float_labels_are_the_same_float32_on_every_path(
+    spark: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    rng = np.random.default_rng(2)
+    df = pd.DataFrame(rng.random((300, 3)), columns=["a", "b", "c"])
+    df["y"] = rng.normal(100.0, 30.0, size=300)
+    data_set = _parquet(tmp_path, df)
+    infos = {}
+    for path in ("arrow", "spark", "driver"):  # "driver" last: it patches the arrow path off
+        prep_mb = _on_path(path, monkeypatch)
+        cfg = _cfg(tmp_path, data=data_set, label_col="y", workers=2, local_prep_mb=prep_mb)
+        infos[path] = prepare(lambda: spark, cfg, tmp_path / path)
+        info = infos[path]
+        assert (info.path, info.task, info.n_classes) == (path, "regression", 0)
+    for k in range(2):
+        shards = [_sorted_rows(info.shard_dir(k)) for info in infos.values()]
+        assert all(y.dtype == np.float32 for _, y in shards)
+        assert all(np.array_equal(shards[0][1], y) for _, y in shards[1:])
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    labels = df["y"].to_numpy().copy()
+    labels[9] = np.nan
+    nan_set = tmp_path / "nan.parquet"  # a NaN value, not a null (pandas would write a null)
+    pq.write_table(pa.table({**{c: pa.array(df[c]) for c in "abc"}, "y": labels}), nan_set)
+    for prep_mb in (32, 0):  # the driver path (arrow is patched off), then the Spark path
+        cfg = _cfg(tmp_path, data=str(nan_set), label_col="y", local_prep_mb=prep_mb)
+        with pytest.raises(DataError, match=r"^label column 'y' has 1 values that are not finite"):
+            prepare(lambda: spark, cfg, tmp_path / f"nan{prep_mb}")
+
+
 def _parquet(tmp: Path, df: pd.DataFrame) -> str:
     path = tmp / "bad.parquet"
     df.to_parquet(path)
@@ -181,7 +212,11 @@ def _digits_df(n: int = 300) -> pd.DataFrame:
     [
         (lambda d: d.drop(columns=["label"]), {}, r"label column 'label' is missing"),
         (lambda d: d, {"feature_cols": "f0,nope"}, r"feature columns \['nope'\] are missing"),
-        (lambda d: d.assign(label=d["label"] + 0.5), {}, r"non-integer values \(e\.g\. "),
+        (
+            lambda d: d.assign(label=d["label"] + 0.5),
+            {"task": "classification"},
+            r"non-integer values \(e\.g\. ",
+        ),
         (
             lambda d: d.assign(label=d["label"].astype(str)),
             {},

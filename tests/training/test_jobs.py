@@ -299,3 +299,26 @@ def test_a_returned_value_that_is_not_a_number_is_named_not_a_traceback(tmp_path
         "your code failed: train(ctx) in m.py returned val_mae='good'; each value of the "
         "returned dict must be a number (a metric's final value)"
     ), s["error"]
+
+
+def test_the_regression_example_trains_in_simple_mode(tmp_path):
+    # examples/regression: float labels (a regression, declared in its manifest), its own
+    # table, `loss="mse", metrics=["mae"]`, val_mae shown first (the manifest's `metric`).
+    example = EXAMPLES / "regression"
+    data = str(example / "data" / "diabetes.parquet")
+    rc, s, err = run_cli(
+        ["--job-dir", str(example), "--data", data, "--epochs", "3", "--output", str(tmp_path)]
+    )
+    assert rc == 0 and s["ok"], (s, err[-3000:])
+    assert s["task"] == "regression" and s["metric"] == "val_mae", s
+    assert "accuracy" not in s and "final_val_accuracy" not in s, s
+    metrics = json.loads(Path(s["metrics_path"]).read_text())
+    assert metrics["task"] == "regression" and metrics["data_path"] == "arrow", metrics
+    assert metrics["config"]["label_col"] == "progression"  # the manifest's label
+    assert set(metrics["final"]) == {"loss", "mae", "val_loss", "val_mae"}, metrics["final"]
+    assert not [k for k in metrics if "accuracy" in k], sorted(metrics)
+    assert {k: len(v) for k, v in metrics["history"].items()} == dict.fromkeys(
+        ("loss", "mae", "val_loss", "val_mae"), 3
+    )
+    assert all(v > 0 for v in metrics["final"].values()), metrics["final"]
+    assert Path(s["model_path"]).exists() and (tmp_path / "curves.png").stat().st_size > 0

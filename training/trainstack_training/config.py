@@ -13,6 +13,10 @@ from typing import Any
 DIGITS = "digits"  # the offline default data set (scikit-learn's handwritten digits)
 STRATEGIES = ("multi-worker", "single")  # see TrainConfig.train_strategy
 COLLECTIVES = ("auto", "ring")  # tf.distribute.experimental.CommunicationImplementation
+CLASSIFICATION, REGRESSION = "classification", "regression"
+TASKS = (CLASSIFICATION, REGRESSION)  # what a job trains (the manifest's `task`)
+AUTO_TASK = "auto"  # the task inferred from the label column (trainstack_training.data.task)
+MAX_CLASSES = 2**16  # the most classes a classification takes
 
 
 class ConfigError(ValueError):
@@ -96,7 +100,17 @@ class TrainConfig:
             "many rows with deterministic augmented copies (0 = the 1797 originals)"
         },
     )
-    label_col: str = field(default="label", metadata={"help": "integer label column"})
+    label_col: str = field(
+        default="label",
+        metadata={"help": "the label column (a job's manifest sets it with `label`)"},
+    )
+    task: str = field(
+        default=AUTO_TASK,
+        metadata={
+            "help": "classification, regression, or auto: a job's manifest's `task`, else "
+            "inferred from the label column (integers: classification, floats: regression)"
+        },
+    )
     feature_cols: str = field(
         default="",
         metadata={
@@ -104,7 +118,8 @@ class TrainConfig:
         },
     )
     n_classes: int = field(
-        default=10, metadata={"help": "labels must be integers in [0, n_classes)"}
+        default=10,
+        metadata={"help": "a classification's labels must be integers in [0, n_classes)"},
     )
     val_fraction: float = field(default=0.2, metadata={"help": "validation share of the rows"})
     seed: int = field(default=42, metadata={"help": "seed for split, shuffling and weights"})
@@ -227,7 +242,14 @@ class TrainConfig:
             (self.batch_size >= 1, f"batch_size={self.batch_size}: must be >= 1"),
             (self.learning_rate > 0, f"learning_rate={self.learning_rate}: must be > 0"),
             (self.rows >= 0, f"rows={self.rows}: must be >= 0 (0 = the data set as it is)"),
-            (self.n_classes >= 2, f"n_classes={self.n_classes}: must be >= 2"),
+            (
+                2 <= self.n_classes <= MAX_CLASSES,
+                f"n_classes={self.n_classes}: must be in [2, {MAX_CLASSES}]",
+            ),
+            (
+                self.task in (AUTO_TASK, *TASKS),
+                f"task={self.task!r}: allowed are {AUTO_TASK}, {', '.join(TASKS)}",
+            ),
             (0 < self.val_fraction < 1, f"val_fraction={self.val_fraction}: must be in (0, 1)"),
             (self.cores_per_worker >= 1, f"cores_per_worker={self.cores_per_worker}: must be >= 1"),
             (self.max_attempts >= 1, f"max_attempts={self.max_attempts}: must be >= 1"),

@@ -30,10 +30,13 @@ def metric_names(rows: list[dict[str, Any]]) -> list[str]:
     return names
 
 
-def headline(names: Any) -> str | None:
-    """The metric a one-line summary shows first: val_loss, else the first validation
-    metric, else the first metric."""
+def headline(names: Any, preferred: str = "") -> str | None:
+    """The metric a one-line summary shows first: the job's own choice (its manifest's
+    `metric`) when it has that metric, else val_loss, else the first validation metric, else
+    the first metric."""
     names = list(names)
+    if preferred and preferred in names:
+        return preferred
     if "val_loss" in names:
         return "val_loss"
     return next((n for n in names if n.startswith("val_")), names[0] if names else None)

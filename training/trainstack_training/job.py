@@ -6,6 +6,9 @@ A job is a directory with a manifest, ``trainstack.toml``, and the user's Python
     entry = "model"          # a module of this directory: model.py or model/__init__.py
     # requirements = "requirements.txt"   # extra packages (docs/jobs.md, "Packages")
     # data = "data/train.parquet"           # the data set (docs/jobs.md, "Data")
+    # task = "regression"    # or "classification"; default: inferred from the label column
+    # label = "target"       # the label column (default "label")
+    # metric = "val_mae"     # the metric the summary and the curves show first
 
     [params]                 # defaults; the stack's trainstack:jobParams override them
     learning_rate = 0.001
@@ -41,12 +44,12 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any
 
-from trainstack_training.config import DIGITS
+from trainstack_training.config import AUTO_TASK, CLASSIFICATION, DIGITS, TASKS, TrainConfig
 
 MANIFEST = "trainstack.toml"
 ERROR_FILE = ".job-error.json"  # in the run directory: the user's error, for retries and driver
 _MODULE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*$")
-_JOB_KEYS = ("entry", "requirements", "progress_timeout", "data")
+_JOB_KEYS = ("entry", "requirements", "progress_timeout", "data", "task", "label", "metric")
 # Data locations the cluster reads itself: a URL of these schemes or an absolute path.
 DATA_SCHEMES = ("http://", "https://", "file://", "hdfs://", "s3a://")
 # A rank with no finished batch, epoch or ctx.report for this long fails (watchdog.py).
@@ -79,6 +82,10 @@ class JobSpec:
     # The manifest's data set: "" (none named), "digits", an absolute path or URL the cluster
     # reads, or a path inside the job directory (shipped with the code; see data_location).
     data: str = ""
+    # What the job trains: "classification", "regression", or "" (inferred from the labels).
+    task: str = ""
+    label: str = ""  # the label column; "" = the run's (label_col, "label" by default)
+    metric: str = ""  # the metric shown first; "" = val_loss, else the first one logged
 
 
 def _fail(directory: Path, what: str) -> JobError:
@@ -195,6 +202,7 @@ def load_spec(directory: str | Path, params: dict[str, Any] | None = None) -> Jo
     if requirements and not (directory / str(requirements)).is_file():
         raise _fail(directory, f"{MANIFEST}: requirements = {requirements!r} does not exist")
     data = _check_data(directory, job.get("data", ""))
+    task, label, metric = _check_task(directory, job)
     merged = {
         **_check_params(directory, values.get("params", {}), "[params]"),
         **_check_params(directory, params or {}, "the stack's job parameters"),
@@ -209,7 +217,33 @@ def load_spec(directory: str | Path, params: dict[str, Any] | None = None) -> Jo
         requirements=str(requirements or ""),
         progress_timeout=float(timeout),
         data=data,
+        task=task,
+        label=label,
+        metric=metric,
     )
+
+
+def _check_task(directory: Path, job: dict[str, Any]) -> tuple[str, str, str]:
+    """The manifest's task, label and metric, checked ("" for each one not given)."""
+    task = job.get("task", "")
+    if task != "" and task not in TASKS:
+        raise _fail(
+            directory,
+            f"{MANIFEST}: [job] task = {task!r}: allowed are "
+            f"{', '.join(repr(t) for t in TASKS)} (or leave it out: the data stage infers it "
+            "from the label column)",
+        )
+    names = []
+    for key, example in (("label", "target"), ("metric", "val_mae")):
+        value = job.get(key, "")
+        if not isinstance(value, str) or (key in job and not value.strip()):
+            raise _fail(
+                directory,
+                f"{MANIFEST}: [job] {key} = {value!r}: give a {key}'s name as a non-empty "
+                f'string, e.g. {key} = "{example}"',
+            )
+        names.append(value.strip())
+    return str(task), names[0], names[1]
 
 
 def _check_data(directory: Path, data: Any) -> str:
@@ -241,6 +275,22 @@ def _check_data(directory: Path, data: Any) -> str:
     if not inside.exists():
         raise _fail(directory, f"{MANIFEST}: [job] data = {data!r} does not exist in the directory")
     return data
+
+
+def apply_manifest(cfg: TrainConfig, spec: JobSpec) -> None:
+    """The manifest's label and task over the run's settings, for the data stage: its `label`
+    names the label column, its `task` is the task (a run's own --task that contradicts it is
+    refused)."""
+    if spec.label:
+        cfg.label_col = spec.label
+    if spec.task:
+        if cfg.task not in (AUTO_TASK, spec.task):
+            raise JobError(
+                f"the run's task={cfg.task!r} contradicts the job's manifest "
+                f"({spec.directory}/{MANIFEST} says task = {spec.task!r}); leave --task out "
+                "or make them agree"
+            )
+        cfg.task = spec.task
 
 
 def read_where_it_is(data: str) -> bool:
@@ -368,11 +418,11 @@ class JobContext:
     strategy: Any
     tf: Any
     x: Any  # this worker's shard: features, shape (rows, n_features)
-    y: Any  # and integer labels
+    y: Any  # and labels: int32 classes, or float32 targets for a regression
     x_val: Any  # the validation set (every worker has all of it)
     y_val: Any
     n_features: int
-    n_classes: int
+    n_classes: int  # a classification's classes; 0 for a regression
     batch_size: int  # per worker; the global batch is batch_size x world_size
     epochs: int
     learning_rate: float
@@ -383,6 +433,7 @@ class JobContext:
     checkpoint_dir: str
     model_path: str
     attempt: int = 0
+    task: str = CLASSIFICATION  # "classification" or "regression": the data stage's task
     _callbacks: Callable[[], list[Any]] | None = None
     _report: Callable[[dict[str, Any]], None] | None = None
     saved: bool = False

@@ -24,9 +24,10 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from trainstack_training.attempts import ATTEMPTS_LOG, count_attempts, record_attempt
 from trainstack_training.config import TrainConfig
 from trainstack_training.data import DataInfo, prepare
-from trainstack_training.job import ERROR_FILE, recorded_error
+from trainstack_training.job import ERROR_FILE, apply_manifest, recorded_error
 from trainstack_training.ranklog import RankLog
 from trainstack_training.sparkmaster import WAITING_FILE, Application, alive_master
 from trainstack_training.train import EPOCH_LOG, job_spec
@@ -35,7 +36,6 @@ if TYPE_CHECKING:
     from pyspark import SparkContext
     from pyspark.sql import SparkSession
 
-ATTEMPTS_LOG = "attempts.log"
 _LOCAL = re.compile(r"^local\[(\d+|\*)\]$")
 
 
@@ -323,8 +323,7 @@ def barrier_task(cfg_json: str, info_json: str) -> Any:
         host = ctx.getTaskInfos()[index].address.rsplit(":", 1)[0]
         if index == 0:
             # One line per barrier-stage attempt: the metrics report how many it took.
-            with (Path(cfg.output).resolve() / ATTEMPTS_LOG).open("a") as fh:
-                fh.write(f"{time.time():.3f} {host}\n")
+            record_attempt(Path(cfg.output).resolve(), host)
         # allGather returns the messages ordered by partition id = TF task index.
         peers = ctx.allGather(f"{host}:{_free_port()}")
         attempt = count_attempts(Path(cfg.output).resolve())
@@ -385,7 +384,8 @@ def run(cfg: TrainConfig) -> dict[str, Any]:
     # function or a syntax error is one sentence, and nothing runs).
     if cfg.job_dir:  # the tasks need the absolute shared path
         cfg.job_dir = str(Path(cfg.job_dir).resolve())
-    job_spec(cfg)
+    spec = job_spec(cfg)
+    apply_manifest(cfg, spec)  # its label and task, for the data stage
     out = Path(cfg.output).resolve()
     out.mkdir(parents=True, exist_ok=True)
     cfg.output = str(out)  # the tasks need the absolute shared path
@@ -459,7 +459,9 @@ def run(cfg: TrainConfig) -> dict[str, Any]:
         # BackupAndRestore deletes its checkpoints on success but leaves the empty directories.
         shutil.rmtree(out / "backup", ignore_errors=True)
     mark = time.perf_counter()
-    metrics = build_metrics(cfg, info, results, out, train_seconds, time.perf_counter() - start)
+    metrics = build_metrics(
+        cfg, info, results, out, train_seconds, time.perf_counter() - start, spec.metric
+    )
     write_outputs(metrics, out, plot=cfg.plot)
     phases["report"] = time.perf_counter() - mark
     metrics["total_seconds"] = time.perf_counter() - start
@@ -486,8 +488,3 @@ def run(cfg: TrainConfig) -> dict[str, Any]:
 def _has_backup(out: Path) -> bool:
     backup = out / "backup"
     return backup.is_dir() and any(p.is_file() for p in backup.rglob("*"))
-
-
-def count_attempts(out: Path) -> int:
-    log = out / ATTEMPTS_LOG
-    return len(log.read_text().splitlines()) if log.exists() else 0

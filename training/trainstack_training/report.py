@@ -6,10 +6,10 @@ import json
 from pathlib import Path
 from typing import Any
 
+from trainstack_training.attempts import count_attempts
 from trainstack_training.config import TrainConfig
 from trainstack_training.data import DataInfo
 from trainstack_training.epochs import headline, metric_names
-from trainstack_training.launcher import count_attempts
 from trainstack_training.train import EPOCH_LOG
 
 METRICS_FILE = "metrics.json"
@@ -37,7 +37,10 @@ def build_metrics(
     out: Path,
     train_wall: float,
     total_wall: float,
+    metric: str = "",
 ) -> dict[str, Any]:
+    """metrics.json's content; `metric` is the one the job wants shown first (its manifest's
+    `metric`; ignored when the job does not have it)."""
     epochs = read_epoch_log(out)
     timings = [r.get("timings", {}) for r in results]
     attempts = max(1, count_attempts(out))
@@ -59,17 +62,18 @@ def build_metrics(
         if name in history or name in ("loss", "val_loss")
     }
     finals = {f"final_{n}": final[n] for n in ("val_accuracy", "val_loss") if n in final}
-    metric = headline(final) or headline(names)
+    shown = headline(final, metric) or headline(names, metric)
 
     return {
+        "task": info.task,
         "workers": cfg.workers,
         "epochs": len(epochs),
         "attempts": attempts,
         "final_val_loss": None,
         **finals,
         **top,
-        "metric": metric,
-        "metric_value": final.get(metric) if metric else None,
+        "metric": shown,
+        "metric_value": final.get(shown) if shown else None,
         "final": final,
         "history": history,
         "epoch_attempt": [int(e["attempt"]) for e in epochs],
@@ -163,15 +167,16 @@ def write_outputs(metrics: dict[str, Any], out: Path, plot: bool = True) -> None
         write_plot(metrics, out / PLOT_FILE)
 
 
-def plot_panels(names: list[str]) -> list[str]:
-    """One panel per metric, its train and validation series together: the job's headline
-    metric's pair first (loss for a classifier), at most four."""
+def plot_panels(names: list[str], first: str | None = None) -> list[str]:
+    """One panel per metric, its train and validation series together: the pair of `first`
+    (the result's headline metric; by default the names' own headline: loss for a classifier)
+    first, at most four."""
     bases: list[str] = []
     for name in names:
         base = name.removeprefix("val_")
         if base not in bases:
             bases.append(base)
-    first = (headline(names) or "").removeprefix("val_")
+    first = (first or headline(names) or "").removeprefix("val_")
     bases.sort(key=lambda b: b != first)
     return bases[:4]
 
@@ -183,7 +188,7 @@ def write_plot(metrics: dict[str, Any], path: Path) -> None:
     import matplotlib.pyplot as plt
 
     history: dict[str, list[float]] = metrics.get("history") or {}
-    panels = plot_panels(list(history))
+    panels = plot_panels(list(history), metrics.get("metric"))
     if not panels:
         return
     fig, axes = plt.subplots(1, len(panels), figsize=(5 * len(panels), 4), squeeze=False)
@@ -206,6 +211,7 @@ def write_plot(metrics: dict[str, Any], path: Path) -> None:
 def summary(metrics: dict[str, Any]) -> dict[str, Any]:
     """The CLI's last line: the numbers a caller needs, without the per-epoch series."""
     keys = (
+        "task",
         "metric",
         "metric_value",
         "final",

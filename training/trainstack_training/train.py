@@ -303,6 +303,7 @@ def _run_job(
         checkpoint_dir=str(out / "backup"),
         model_path=str(out / "model.keras"),
         attempt=attempt,
+        task=info.task,
         _callbacks=callbacks,
         _report=report,
     )
