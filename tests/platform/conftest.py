@@ -14,6 +14,12 @@ The modules run in file order, and each documents what it changes:
   test_50_rotation     rotates the secrets (`rotateSecrets`, one more `up`)
   test_60_scaling      scales the workers 2 -> 3 (the drills need the third)
   test_70_failed_job   a training job that fails, then the fix
+  test_75_jobs         the user's own code through `pulumi up`: a broken job, the CNN with a
+                       package, the regression example, then the default job again
+  test_76_submit       `trainstack submit/status/logs/cancel/list`, packages, refusals
+  test_77_yield        the warm runner yields to plain Spark applications; a job queued
+                       behind one
+  test_78_any_model    regressions in simple and full mode through `trainstack submit`
   test_80_drills       the failure drills, which kill masters, workers and whole containers
   test_90_destroy      `pulumi destroy` leaves nothing of the stack
 

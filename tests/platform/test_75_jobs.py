@@ -1,8 +1,10 @@
 """Your own code on the shared stack (docs/jobs.md): a job directory of the user's with an
 error fails the `up` with their error at their file and line, keeps the servers and launches
 nothing more; the convolutional example (full mode), with a package of its own, then trains
-through `pulumi up`, its code shipped by content and its package installed once. Leaves the
-shared stack on its default job (examples/digits), retrained."""
+through `pulumi up`, its code shipped by content and its package installed once; the
+regression example (simple mode, float labels) trains through `pulumi up` with its own metrics
+in the stack's output. Leaves the shared stack on its default job (examples/digits),
+retrained."""
 
 from __future__ import annotations
 
@@ -96,7 +98,27 @@ def test_the_convolutional_example_trains_in_full_mode_through_pulumi_up(platfor
     assert epochs == list(range(1, int(CONFIG["trainEpochs"]) + 1))
     code, listing = sh(platform.container("worker-2"), f"ls {MODELS}/jobs/{result['code_sha']}")
     assert code == 0 and "cnn.py" in listing
-    # Back on the default job: a new run of it (its trigger is the code's sha), then nothing.
+
+
+def test_a_regression_trains_in_simple_mode_through_pulumi_up(platform):
+    stack = platform.stack
+    stack.set_config(job=str(EXAMPLES / "regression"))
+    try:
+        stack.up()
+        result = platform.outputs()["training"]
+    finally:
+        stack.run("config", "rm", "trainstack:job")
+    assert result["ok"] is True and result["job"].endswith("examples/regression"), result
+    # The model's own metrics in the stack's output; nothing of a classifier's.
+    assert result["task"] == "regression" and result["metric"] == "val_mae", result
+    assert set(result["final"]) == {"loss", "mae", "val_loss", "val_mae"}, result
+    assert not [k for k in (*result, *result["final"]) if "accuracy" in k], result
+    assert result["epochs"] == int(CONFIG["trainEpochs"])
+
+
+def test_back_on_the_default_job_a_new_run_then_nothing(platform):
+    stack = platform.stack
+    # A new run of it (its trigger is the code's sha), then nothing.
     back = stack.up()
     assert "launching on" in back.stdout
     assert platform.outputs()["training"]["job"].endswith("examples/digits")

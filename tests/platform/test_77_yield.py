@@ -25,6 +25,7 @@ import json
 import subprocess
 import time
 from collections.abc import Callable, Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -32,11 +33,12 @@ from trainstack_training.warm import LOG as RUNNER_LOG
 from trainstack_training.warm import STATE_DIR_PREFIX
 
 from tests.support.failover import master_status
+from tests.support.jobs import regression_full_mode
 from tests.support.plain_spark import PlainApp
 from tests.support.prometheus import instant
 from tests.support.stacks import wait_until
 
-from .conftest import MODELS, epoch_rows, hold, release, sh
+from .conftest import MODELS, epoch_rows, sh
 from .test_76_submit import EXAMPLES, status, trainstack
 
 pytestmark = pytest.mark.e2e
@@ -44,6 +46,8 @@ pytestmark = pytest.mark.e2e
 # The node that runs the plain applications' drivers: a control node with no master, which no
 # test before this one stops, and which is not where the runner runs (a worker).
 DRIVER_NODE = "control-3"
+DIGITS = EXAMPLES / "digits"
+WAIT_HOLD = f"{MODELS}/.test-yield-hold"  # the held job's own wait (tests/support/jobs.py)
 
 
 @pytest.fixture
@@ -105,9 +109,9 @@ def yields(platform: Any) -> float:
     return float(result[0]["value"][1]) if result else 0.0
 
 
-def run_job(platform: Any, *args: str) -> str:
-    """Submit the digits example; its job id."""
-    submitted = trainstack(platform, "submit", str(EXAMPLES / "digits"), *args, "--json")
+def run_job(platform: Any, job: Path, *args: str) -> str:
+    """Submit `job`; its job id."""
+    submitted = trainstack(platform, "submit", str(job), *args, "--json")
     assert submitted.returncode == 0, submitted.stderr
     return str(json.loads(submitted.stdout)["job_id"])
 
@@ -122,7 +126,7 @@ def follow(platform: Any, job_id: str) -> str:
 
 
 def test_an_idle_runner_gives_the_cores_to_a_plain_application(platform, plain):
-    follow(platform, run_job(platform, "--epochs", "1"))  # the runner is up, and idle now
+    follow(platform, run_job(platform, DIGITS, "--epochs", "1"))  # the runner is up, and idle now
     assert runner_up(platform), "no warm runner after a job"
     counted = yields(platform)
     app = plain("idle")
@@ -139,18 +143,22 @@ def test_an_idle_runner_gives_the_cores_to_a_plain_application(platform, plain):
 
 
 def test_the_next_job_starts_the_runner_again(platform):
-    job_id = run_job(platform, "--epochs", "1")
+    job_id = run_job(platform, DIGITS, "--epochs", "1")
     logs = follow(platform, job_id)
     assert "warm runner started" in logs, logs[-3000:]
     assert status(platform, job_id)["result"]["spark_application"] == "warm-runner started"
 
 
-def test_a_plain_application_waits_for_a_training_job_and_runs_after_it(platform, plain):
-    hold(platform)
+def test_a_plain_application_waits_for_a_training_job_and_runs_after_it(platform, plain, tmp_path):
+    # The job trains, then waits in its barrier stage, holding its cores, while WAIT_HOLD is
+    # there (`trainstack submit` takes no test hold file: the job's own code waits).
+    control = platform.container(DRIVER_NODE)
+    assert sh(control, f"touch {WAIT_HOLD} && chmod 644 {WAIT_HOLD}")[0] == 0
     try:
-        job_id = run_job(platform, "--epochs", "2")
+        job = regression_full_mode(EXAMPLES, tmp_path / "held", hold=WAIT_HOLD)
+        job_id = run_job(platform, job, "--epochs", "1")
         run_dir = f"{MODELS}/{job_id}"
-        wait_until("the job's first epoch", lambda: epoch_rows(platform, run_dir), 300)
+        wait_until("the job's epoch", lambda: epoch_rows(platform, run_dir), 300)
         app = plain("behind")
         waiting = wait_until(
             "the plain application registered", lambda: active_app(platform, app.name), 180
@@ -161,7 +169,7 @@ def test_a_plain_application_waits_for_a_training_job_and_runs_after_it(platform
         assert status(platform, job_id)["state"] == "running"
         released = time.time()
     finally:
-        release(platform)
+        sh(control, f"rm -f {WAIT_HOLD}")
     follow(platform, job_id)
     done = app.result(timeout=300)
     assert done["first_task"] > released, (done, released)
@@ -178,7 +186,7 @@ def test_a_job_waits_for_cores_a_plain_application_holds_and_runs_after_it(platf
         lambda: (a := active_app(platform, app.name)) and a["cores"] > 0 and a,
         180,
     )
-    job_id = run_job(platform, "--epochs", "1")
+    job_id = run_job(platform, DIGITS, "--epochs", "1")
     why = f"queued: waiting for cores held by application {holder['id']} ({app.name})"
     record = wait_until(
         "the job queued for the cores",

@@ -139,3 +139,22 @@ def test_status_shows_a_regressions_metrics_and_a_classifiers_accuracy():
     classifier = {"metric": "val_loss", "final_val_accuracy": 0.9, "final": {"val_loss": 0.3}}
     assert result_metrics(classifier) == "validation accuracy 0.9000 (val_loss 0.3000)"
     assert result_metrics({"final_val_accuracy": 0.9}) == "validation accuracy 0.9"
+
+
+def test_a_failure_after_the_users_code_names_the_saved_model(tmp_path):
+    (tmp_path / "model.keras").write_bytes(b"a model")
+    with pytest.raises(report.ReportError) as raised, report.after_training(tmp_path):
+        {}["val_accuracy"]  # a platform bug in the report
+    said = str(raised.value)
+    assert said == (
+        "training finished, but trainstack's report of the run failed (KeyError: "
+        f"'val_accuracy'); the model is saved at {tmp_path / 'model.keras'}, and each epoch's "
+        f"metrics are in {tmp_path / 'epochs.jsonl'}"
+    ), said
+    assert (tmp_path / "model.keras").read_bytes() == b"a model"  # nothing lost
+
+
+def test_the_report_step_passes_through_when_it_works(tmp_path):
+    with report.after_training(tmp_path):
+        value = 1
+    assert value == 1

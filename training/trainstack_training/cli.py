@@ -20,7 +20,7 @@ def main(argv: list[str] | None = None) -> int:
     from trainstack_training.data import DataError
     from trainstack_training.job import JobError
     from trainstack_training.launcher import ClusterError, JobCancelledError, TrainingError, run
-    from trainstack_training.report import summary, summary_line
+    from trainstack_training.report import ReportError, summary, summary_line
 
     try:
         cfg = parse_args(argv)
@@ -28,7 +28,7 @@ def main(argv: list[str] | None = None) -> int:
     except (ConfigError, DataError, ClusterError, JobError) as exc:
         # Bad input or a cluster that cannot run the job: nothing was trained.
         return _fail(exc, 2)
-    except TrainingError as exc:
+    except (TrainingError, ReportError) as exc:
         return _fail(exc, 1)
     except JobCancelledError as exc:  # SIGINT (`trainstack cancel`) once Spark runs
         return _fail(exc, 130)

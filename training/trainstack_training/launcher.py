@@ -377,7 +377,12 @@ def run_barrier(
 
 def run(cfg: TrainConfig) -> dict[str, Any]:
     """The whole job: returns the metrics dict (also written to <output>/metrics.json)."""
-    from trainstack_training.report import build_metrics, time_split, write_outputs
+    from trainstack_training.report import (
+        after_training,
+        build_metrics,
+        time_split,
+        write_outputs,
+    )
 
     cfg.validate()
     # The job's code: checked here, before Spark starts (a bad manifest, a missing entry
@@ -458,30 +463,35 @@ def run(cfg: TrainConfig) -> dict[str, Any]:
     if not _has_backup(out):
         # BackupAndRestore deletes its checkpoints on success but leaves the empty directories.
         shutil.rmtree(out / "backup", ignore_errors=True)
-    mark = time.perf_counter()
-    metrics = build_metrics(
-        cfg, info, results, out, train_seconds, time.perf_counter() - start, spec.metric
-    )
-    write_outputs(metrics, out, plot=cfg.plot)
-    phases["report"] = time.perf_counter() - mark
-    metrics["total_seconds"] = time.perf_counter() - start
-    metrics["started_at"] = started_at  # wall clock, as first_step_at
-    # Where the job's Spark application came from: its own, or the warm runner's.
-    metrics["spark_application"] = attached.mode if attached else "own"
-    metrics["job_phases"] = {**phases, **info.phases}
-    # The data stage's own work: its time less the Spark start-up done inside it.
-    data_work = info.seconds - phases.get("spark_sql_session", 0.0) - phases.get("slot_check", 0.0)
-    metrics["time_split"] = time_split(
-        metrics["total_seconds"],
-        before_barrier,
-        data_work,
-        train_seconds,
-        metrics["worker_timings"],
-    )
-    metrics["training_share"] = round(
-        metrics["time_split"]["training"] / metrics["total_seconds"], 3
-    )
-    write_outputs(metrics, out, plot=False)  # with the report's own time
+    # The user's code succeeded: a failure of trainstack's own report from here on names the
+    # saved model instead of losing it behind a traceback.
+    with after_training(out):
+        mark = time.perf_counter()
+        metrics = build_metrics(
+            cfg, info, results, out, train_seconds, time.perf_counter() - start, spec.metric
+        )
+        write_outputs(metrics, out, plot=cfg.plot)
+        phases["report"] = time.perf_counter() - mark
+        metrics["total_seconds"] = time.perf_counter() - start
+        metrics["started_at"] = started_at  # wall clock, as first_step_at
+        # Where the job's Spark application came from: its own, or the warm runner's.
+        metrics["spark_application"] = attached.mode if attached else "own"
+        metrics["job_phases"] = {**phases, **info.phases}
+        # The data stage's own work: its time less the Spark start-up done inside it.
+        data_work = (
+            info.seconds - phases.get("spark_sql_session", 0.0) - phases.get("slot_check", 0.0)
+        )
+        metrics["time_split"] = time_split(
+            metrics["total_seconds"],
+            before_barrier,
+            data_work,
+            train_seconds,
+            metrics["worker_timings"],
+        )
+        metrics["training_share"] = round(
+            metrics["time_split"]["training"] / metrics["total_seconds"], 3
+        )
+        write_outputs(metrics, out, plot=False)  # with the report's own time
     return metrics
 
 

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -10,12 +12,35 @@ from trainstack_training.attempts import count_attempts
 from trainstack_training.config import TrainConfig
 from trainstack_training.data import DataInfo
 from trainstack_training.epochs import headline, metric_names
-from trainstack_training.train import EPOCH_LOG
+from trainstack_training.train import EPOCH_LOG, MODEL_FILE
 
 METRICS_FILE = "metrics.json"
 PLOT_FILE = "curves.png"  # the name the Pulumi training component copies back
 # Series kept at the top level of metrics.json, as before any model could report others.
 CLASSIFIER_SERIES = ("loss", "accuracy", "val_loss", "val_accuracy")
+
+
+class ReportError(RuntimeError):
+    """The job's own code succeeded and its model is saved, but trainstack's report of the run
+    (metrics.json, curves.png, the summary) failed; the message names the model and the
+    step."""
+
+
+@contextlib.contextmanager
+def after_training(out: Path) -> Iterator[None]:
+    """The platform's steps after the user's code succeeded: an exception in them becomes one
+    ReportError sentence that names the saved model, so no traceback of trainstack's stands
+    between the user and their model."""
+    try:
+        yield
+    except Exception as exc:
+        model = out / MODEL_FILE
+        kept = f"the model is saved at {model}" if model.exists() else f"no {MODEL_FILE} in {out}"
+        raise ReportError(
+            f"training finished, but trainstack's report of the run failed "
+            f"({type(exc).__name__}: {exc}); {kept}, and each epoch's metrics are in "
+            f"{out / EPOCH_LOG}"
+        ) from exc
 
 
 def read_epoch_log(out: Path) -> list[dict[str, Any]]:

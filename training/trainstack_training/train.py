@@ -37,6 +37,7 @@ from trainstack_training.model import local_step_logs
 from trainstack_training.watchdog import Watchdog, exit_rank
 
 EPOCH_LOG = "epochs.jsonl"
+MODEL_FILE = "model.keras"  # the chief saves the model here, in the run directory
 FAULT_MARKER = ".fault-injected"
 VAL_BATCH = 1024  # minimum validation batch
 # TEST ONLY hold hook (--hold-file): how often a held worker looks at the file again, and how
@@ -301,7 +302,7 @@ def _run_job(
         steps_per_epoch=steps_per_epoch,
         run_dir=str(out),
         checkpoint_dir=str(out / "backup"),
-        model_path=str(out / "model.keras"),
+        model_path=str(out / MODEL_FILE),
         attempt=attempt,
         task=info.task,
         _callbacks=callbacks,

@@ -1,0 +1,51 @@
+"""Any Keras model, not only classifiers (docs/training.md, "The task"), through `trainstack
+submit` on the shared stack: a regression in simple mode (examples/regression) and one in full
+mode (its own `train(ctx)`), each with the model's own metrics in `status --json` and no
+accuracy anywhere. The regression through `pulumi up` is test_75's. Runs in the warm runner
+that test_77 left up: about 40 s."""
+
+from __future__ import annotations
+
+import pytest
+
+from tests.support.jobs import regression_full_mode
+
+from .test_76_submit import EXAMPLES, status, trainstack
+
+pytestmark = pytest.mark.e2e
+
+
+def run(platform, job, *args: str) -> dict:
+    submitted = trainstack(platform, "submit", str(job), *args)
+    assert submitted.returncode == 0, submitted.stderr
+    job_id = submitted.stdout.strip()
+    logs = trainstack(platform, "logs", "-f", job_id, timeout=600)
+    assert logs.returncode == 0, logs.stdout[-3000:] + logs.stderr
+    assert "Traceback" not in logs.stdout, logs.stdout[-3000:]
+    record = status(platform, job_id)
+    assert record["state"] == "succeeded", record
+    return record
+
+
+def no_accuracy(result: dict) -> list[str]:
+    return [k for k in (*result, *result.get("final", {})) if "accuracy" in k]
+
+
+def test_a_regression_in_simple_mode_through_submit(platform):
+    record = run(platform, EXAMPLES / "regression", "--epochs", "3")
+    result = record["result"]
+    assert result["task"] == "regression" and result["metric"] == "val_mae", result
+    assert set(result["final"]) == {"loss", "mae", "val_loss", "val_mae"}, result
+    assert not no_accuracy(result), result
+    shown = trainstack(platform, "status", record["id"]).stdout
+    assert "regression" in shown and "val_mae" in shown and "accuracy" not in shown, shown
+
+
+def test_a_regression_in_full_mode_through_submit(platform, tmp_path):
+    job = regression_full_mode(EXAMPLES, tmp_path / "regression-full")
+    record = run(platform, job, "--epochs", "3")
+    result = record["result"]
+    assert record["mode"] == "full" and result["task"] == "regression", record
+    # The returned dict, verbatim: its own names, not Keras'.
+    assert set(result["final"]) == {"val_mae", "val_mse"}, result
+    assert not no_accuracy(result), result
