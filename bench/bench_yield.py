@@ -11,6 +11,8 @@ Brings up a default stack of its own (2 workers, the digits example, `runnerKeep
 - a plain PySpark application (tests/support/plain_spark.py: not trainstack's code) started on
   control-3 with the cluster's client config: submitted to its context up, and its context up
   to its first task (the time the idle runner took to give the cores: the goal is 10 s);
+- the same application again at once, on a free cluster (the runner has gone): what Spark
+  itself takes from a context to its first task on these workers, the floor of the above;
 - the next trainstack job, which starts the runner again: submit to its first training step
   (cold: about 45 s before the yield existed);
 - the job after it: submit to its first training step (warm again: about 6 s).
@@ -67,13 +69,25 @@ def main() -> None:
             cycles = []
             for _ in range(args.cycles):
                 plain = plain_app(stack)
+                free = plain_app(stack)
                 after = run_job(stack)
                 warm = run_job(stack)
-                cycles.append({"plain": plain, "job_after_yield": after, "job_after_that": warm})
+                cycles.append(
+                    {
+                        "plain": plain,
+                        "plain_on_a_free_cluster": free,
+                        "job_after_yield": after,
+                        "job_after_that": warm,
+                    }
+                )
             result["cycles"] = cycles
             plains = [c["plain"] for c in cycles]
+            frees = [c["plain_on_a_free_cluster"] for c in cycles]
             result["median"] = {
                 "plain_context_up_to_first_task_s": median(plains, "context_up_to_first_task_s"),
+                "free_cluster_context_up_to_first_task_s": median(
+                    frees, "context_up_to_first_task_s"
+                ),
                 "plain_submit_to_first_task_s": median(plains, "submit_to_first_task_s"),
                 "job_after_yield_submit_to_first_step_s": median(
                     [c["job_after_yield"] for c in cycles], "submit_to_first_step_s"
