@@ -20,6 +20,7 @@ import os
 import shutil
 import subprocess
 import sys
+import tempfile
 import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -123,13 +124,19 @@ def build_wheelhouse(dest: Path, requirements: list[str], nodeps: list[str] | No
     return dest
 
 
+# What a build leaves in a source tree, and what the wheel is never built from.
+_BUILD_LEFTOVERS = ("build", "dist", "__pycache__", "*.egg-info")
+
+
+def _is_leftover(part: str) -> bool:
+    return part in {"build", "dist", "__pycache__"} or part.endswith(".egg-info")
+
+
 def _tree_key(root: Path) -> str:
     digest = hashlib.sha256()
     for path in sorted(root.rglob("*")):
         rel = path.relative_to(root)
-        if not path.is_file() or any(
-            p in {"build", "dist", "__pycache__"} or p.endswith(".egg-info") for p in rel.parts
-        ):
+        if not path.is_file() or any(_is_leftover(p) for p in rel.parts):
             continue
         digest.update(str(rel).encode() + b"\0" + path.read_bytes() + b"\0")
     return digest.hexdigest()
@@ -140,8 +147,9 @@ def _tree_key(root: Path) -> str:
 # image baked from one clone holds the very wheel another clone provisions (its checksum
 # matches; nothing is reinstalled). 1980-01-01, the earliest date a zip file can hold.
 REPRODUCIBLE_BUILD = {"SOURCE_DATE_EPOCH": "315532800"}
-# Part of the wheel's cache key: wheels cached before the builds were reproducible are rebuilt.
-TRAINING_BUILD_RECIPE = "sde-315532800"
+# Part of the wheel's cache key: wheels cached before the builds were reproducible, or built
+# in a tree with an earlier build's leftovers, are rebuilt.
+TRAINING_BUILD_RECIPE = "sde-315532800+clean-copy"
 
 
 def build_training_wheel(dest: Path, source: Path = TRAINING_DIR) -> Path:
@@ -155,11 +163,17 @@ def build_training_wheel(dest: Path, source: Path = TRAINING_DIR) -> Path:
     tmp = dest.with_name(dest.name + ".partial")
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir(parents=True)
-    _pip(
-        ["wheel", "--no-deps", "--no-build-isolation", "-w", str(tmp), str(source)],
-        "training wheel",
-        env=REPRODUCIBLE_BUILD,
-    )
+    # Built from a copy of the sources alone: setuptools reuses an in-tree build/ directory,
+    # so a module removed since an earlier build (data.py, now the data/ package) would still
+    # be shipped, and the wheel would not be the one its key names.
+    with tempfile.TemporaryDirectory(prefix="trainstack-training-src-") as copy:
+        clean = Path(copy) / source.name
+        shutil.copytree(source, clean, ignore=shutil.ignore_patterns(*_BUILD_LEFTOVERS))
+        _pip(
+            ["wheel", "--no-deps", "--no-build-isolation", "-w", str(tmp), str(clean)],
+            "training wheel",
+            env=REPRODUCIBLE_BUILD,
+        )
     (tmp / KEY_FILE).write_text(key + "\n")
     shutil.rmtree(dest, ignore_errors=True)
     os.replace(tmp, dest)

@@ -9,6 +9,7 @@ import re
 import shutil
 import subprocess
 import sys
+import zipfile
 from pathlib import Path
 
 import pytest
@@ -262,3 +263,19 @@ def test_training_wheel_is_the_same_from_any_clone(tmp_path):
         (wheel,) = built.glob("*.whl")
         digests.append(hashlib.sha256(wheel.read_bytes()).hexdigest())
     assert digests[0] == digests[1]
+
+
+def test_training_wheel_ships_no_leftover_of_an_earlier_build(tmp_path):
+    """A module removed since an earlier build, still in the tree's build/ directory, is not in
+    the wheel: the wheel is what its key (the sources) names."""
+    source = tmp_path / "training"
+    shutil.copytree(REPO / "training", source, ignore=shutil.ignore_patterns("build", "*.egg-info"))
+    stale = source / "build" / "lib" / "trainstack_training" / "removed_module.py"
+    stale.parent.mkdir(parents=True)
+    stale.write_text("STALE = True\n")
+    (wheel,) = wheelhouse.build_training_wheel(tmp_path / "wheels", source).glob("*.whl")
+    with zipfile.ZipFile(wheel) as built:
+        names = built.namelist()
+    assert "trainstack_training/__init__.py" in names
+    assert not [n for n in names if "removed_module" in n], names
+    assert not (source / "trainstack_training.egg-info").exists()  # nothing built in the tree
