@@ -252,10 +252,13 @@ def _run_job(
     def callbacks() -> list[Any]:
         cbs: list[Any] = [
             Progress(),
-            # On shared storage, so a retried barrier stage resumes from the last finished epoch.
-            tf.keras.callbacks.BackupAndRestore(backup_dir=str(out / "backup")),
             timer,
             epoch_log(out / EPOCH_LOG, is_chief, attempt, timer, steps_per_epoch * global_batch),
+            # On shared storage, so a retried barrier stage resumes from the last finished epoch.
+            # After the epoch's row: a worker killed between the two then trains that epoch
+            # again on resume (its row twice: the report keeps the last), whereas a backup
+            # before the row would resume past an epoch whose row was never written.
+            tf.keras.callbacks.BackupAndRestore(backup_dir=str(out / "backup")),
         ]
         if cfg.fault_kill_epoch >= 1 and task_index == cfg.fault_kill_worker:
             cbs.append(fault_injector(cfg.fault_kill_epoch, steps_per_epoch, out))
