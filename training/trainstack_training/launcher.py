@@ -260,9 +260,11 @@ class CoreQueue:
         return bool(self.holders)
 
     def done(self) -> None:
-        if self.said:
-            self.queued_seconds += time.monotonic() - self.since
-            print("[trainstack] the cores are free: the job goes on", file=sys.stderr, flush=True)
+        """The job is no longer queued (if it was): say so and remove waiting.json."""
+        if not self.said:
+            return
+        self.queued_seconds += time.monotonic() - self.since
+        print("[trainstack] the cores are free: the job goes on", file=sys.stderr, flush=True)
         self.said = ""
         self.file.unlink(missing_ok=True)
 

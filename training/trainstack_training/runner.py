@@ -120,6 +120,7 @@ class Runner:
         self.interrupted = False  # SIGINT sent to the child
         self.done = threading.Event()
         self.epochs_seen = 0
+        self.waiting_for = ""  # what the record shows the job's application waits for
 
     def on_term(self, signum: int, frame: Any) -> None:
         # Only flags are set here (an exception raised from a handler can land inside any
@@ -156,16 +157,14 @@ class Runner:
             reason = str(json.loads((self.run_dir / WAITING_FILE).read_text())["reason"])
         except (OSError, ValueError, KeyError, TypeError):
             reason = ""
+        if reason == self.waiting_for:
+            return  # nothing to change: the record is not read again
         with _RECORD_LOCK:
             if self.done.is_set():
                 return
-            record = read_record(self.run_dir)
-            if reason and record.get("state") == "running":
-                write_record(self.run_dir, state="queued", waiting_for=reason)
-            elif reason and record.get("waiting_for") != reason and record.get("state") == "queued":
-                write_record(self.run_dir, waiting_for=reason)
-            elif not reason and record.get("waiting_for"):
-                write_record(self.run_dir, state="running", waiting_for="")
+            state = "queued" if reason else "running"
+            write_record(self.run_dir, state=state, waiting_for=reason)
+            self.waiting_for = reason
 
     def copy_epochs(self) -> None:
         try:

@@ -20,9 +20,9 @@ holds). It adds no port that other machines can reach and none without authentic
 
 The runner stops its context and exits:
 - while no job runs in it, as soon as another Spark application waits for the cores it holds
-  (`--yield`, on by default: the ALIVE master's JSON page says so, trainstack_training.
-  sparkmaster), so that the cluster stays a Spark cluster for everyone; a running job keeps
-  its cores until it ends. The yield is logged, and counted in Prometheus
+  (every POLL_SECONDS; `--runner-yield`, on by default: the ALIVE master's JSON page says so,
+  trainstack_training.sparkmaster), so that the cluster stays a Spark cluster for everyone;
+  a running job keeps its cores until it ends. The yield is logged, and counted in Prometheus
   (`trainstack_runner_yields_total`, through the Pushgateway);
 - after SECONDS without a job, so the cluster's cores go back to other applications (barrier
   stages cannot use dynamic allocation, SPARK-24819); the next job starts it again;
@@ -75,7 +75,6 @@ HEARTBEAT_STALE_SECONDS = 10.0
 START_TIMEOUT_SECONDS = 300.0  # the JVM and the context (not the executors: the job waits)
 EVICT_TIMEOUT_SECONDS = 60.0
 WARM_UP_GROUP = "trainstack-warm-up"
-YIELD_CHECK_SECONDS = 1.0  # how often an idle runner asks the master who waits for cores
 YIELD_CONFIRM_CHECKS = 2  # the same application seen waiting this many checks in a row
 YIELDS = ".warm-runner.yields.json"  # in the runs directory: the cluster's yields so far
 # A user's runner state lives in STATE_DIR_PREFIX + uid on each node (the common role's teardown
