@@ -178,7 +178,7 @@ def bench_digits(args: argparse.Namespace, root: Path) -> dict[str, Any]:
 def bench_data(sizes: list[int], args: argparse.Namespace, root: Path) -> list[dict[str, Any]]:
     from trainstack_training.config import TrainConfig
     from trainstack_training.data import generate_digits, prepare
-    from trainstack_training.launcher import build_session
+    from trainstack_training.spark import build_session
 
     base = TrainConfig(
         master=args.data_master, workers=2, output=str(root / "data"),

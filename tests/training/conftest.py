@@ -54,7 +54,7 @@ def training_runtime() -> None:
 def spark() -> Iterator[Any]:
     """One local[2] session for the data-stage tests (the training tests use the CLI)."""
     from trainstack_training.config import TrainConfig
-    from trainstack_training.launcher import build_session
+    from trainstack_training.spark import build_session
 
     session = build_session(TrainConfig(master="local[2]", slot_wait_seconds=3))
     yield session

@@ -20,7 +20,7 @@ from trainstack_training.data import (
     spark_xxhash64,
     stage,
 )
-from trainstack_training.launcher import ClusterError, check_slots
+from trainstack_training.spark import ClusterError, check_slots
 
 pytestmark = pytest.mark.training
 
@@ -337,12 +337,13 @@ def test_worker_environment_is_set_before_tensorflow(tmp_path: Path) -> None:
         # As in a task's worker: forked from the daemon that imported TensorFlow already.
         "from trainstack_training.daemon import preload\n"
         "preload()\n"
-        "from trainstack_training.train import configure_environment, pin_to_cores\n"
+        "from trainstack_training.frameworks.base import pin_to_cores\n"
+        "from trainstack_training.frameworks.tensorflow import configure_environment\n"
         "tf_config = {'cluster': {'worker': ['h:1', 'h:2']}, 'task': {'type': 'worker', "
         "'index': 1}}\n"
         "configure_environment(tf_config, cores=1)\n"
         "print(pin_to_cores(1, 1))\n"
-        "from trainstack_training.train import import_tensorflow\n"
+        "from trainstack_training.frameworks.tensorflow import import_tensorflow\n"
         "tf = import_tensorflow(1)\n"
         "r = tf.distribute.cluster_resolver.TFConfigClusterResolver()\n"
         "print(json.dumps([r.task_id, os.environ['TF_USE_LEGACY_KERAS'], "
@@ -369,7 +370,7 @@ def test_input_pipelines_keep_their_shard_and_skip_autotuning() -> None:
 
     code = (
         "import json\n"
-        "from trainstack_training.train import import_tensorflow, input_options\n"
+        "from trainstack_training.frameworks.tensorflow import import_tensorflow, input_options\n"
         "tf = import_tensorflow(1)\n"
         "o = input_options(tf)\n"
         "print(json.dumps([o.autotune.enabled, o.experimental_distribute.auto_shard_policy "

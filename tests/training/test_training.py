@@ -10,10 +10,10 @@ from types import SimpleNamespace
 from typing import Any
 
 import pytest
-from trainstack_training import launcher
+from trainstack_training import spark
 from trainstack_training.config import TrainConfig
-from trainstack_training.launcher import wait_for_slots
 from trainstack_training.report import SPLIT_PARTS, time_split
+from trainstack_training.spark import wait_for_slots
 from trainstack_training.sparkmaster import WAITING_FILE, Application, MasterView
 
 from .conftest import EXAMPLES, run_cli
@@ -222,7 +222,7 @@ _CLUSTER_CFG = {"master": "spark://m1:7077", "workers": 2}
 @pytest.fixture(autouse=True)
 def _no_master(monkeypatch: pytest.MonkeyPatch) -> None:
     """No master's JSON page answers (as during a takeover): no other application is seen."""
-    monkeypatch.setattr(launcher, "alive_master", lambda *args, **kwargs: None)
+    monkeypatch.setattr(spark, "alive_master", lambda *args, **kwargs: None)
 
 
 def _view(holder_cores: int) -> MasterView:
@@ -234,8 +234,8 @@ def _view(holder_cores: int) -> MasterView:
 def test_a_job_is_queued_without_a_limit_while_another_application_holds_the_cores(
     monkeypatch: pytest.MonkeyPatch, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    monkeypatch.setattr(launcher, "FIRST_EXECUTOR_WAIT_SECONDS", 1.0)
-    monkeypatch.setattr(launcher.CoreQueue, "CHECK_SECONDS", 0.0)
+    monkeypatch.setattr(spark, "FIRST_EXECUTOR_WAIT_SECONDS", 1.0)
+    monkeypatch.setattr(spark.CoreQueue, "CHECK_SECONDS", 0.0)
     views = [_view(2)] * 15 + [_view(0)]  # the other application ends after 15 checks
     seen: list[bool] = []
 
@@ -243,7 +243,7 @@ def test_a_job_is_queued_without_a_limit_while_another_application_holds_the_cor
         seen.append((tmp_path / WAITING_FILE).exists())
         return views[min(len(seen), len(views)) - 1]
 
-    monkeypatch.setattr(launcher, "alive_master", master)
+    monkeypatch.setattr(spark, "alive_master", master)
     cluster = _Cluster([0] * 17 + [2])
     cfg = TrainConfig(**_CLUSTER_CFG, output=str(tmp_path))
     queued = wait_for_slots(cluster, cfg)  # type: ignore[arg-type]
@@ -271,7 +271,7 @@ def test_too_few_slots_are_left_to_the_barrier_check_after_sparks_wait() -> None
 
 
 def test_no_executor_yet_is_waited_for_longer(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(launcher, "FIRST_EXECUTOR_WAIT_SECONDS", 2.5)
+    monkeypatch.setattr(spark, "FIRST_EXECUTOR_WAIT_SECONDS", 2.5)
     cluster = _Cluster([0], registered_wait_ms=500)
     start = time.perf_counter()
     wait_for_slots(cluster, TrainConfig(**_CLUSTER_CFG))  # type: ignore[arg-type]

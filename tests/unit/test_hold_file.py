@@ -1,6 +1,7 @@
 """The test-only hold hook (issue 28): TRAINSTACK_TEST_HOLD_FILE in the provider's environment
 becomes the job's `--hold-file`, and every worker waits at an epoch end while the file exists.
-No Pulumi run, no TensorFlow (train.EpochHold is plain Python; tests/training runs it for real).
+No Pulumi run, no TensorFlow (frameworks.base.EpochHold is plain Python; tests/training runs it
+for real).
 """
 
 from __future__ import annotations
@@ -13,9 +14,9 @@ import threading
 from pathlib import Path
 
 import pytest
-from trainstack_training import train
 from trainstack_training.config import TrainConfig, parse_args
-from trainstack_training.train import EpochHold
+from trainstack_training.frameworks import base
+from trainstack_training.frameworks.base import EpochHold
 
 from infra.components import training
 from infra.components.training import TEST_HOLD_FILE_ENV, _job_command, _TrainingJobProvider
@@ -241,7 +242,7 @@ def test_a_real_file_removed_by_another_thread_releases_the_hold(tmp_path, capsy
 
 
 def test_defaults_are_a_fifth_of_a_second_and_fifteen_minutes():
-    assert train.HOLD_POLL_SECONDS == 0.2 and train.HOLD_LIMIT_SECONDS == 900.0
+    assert base.HOLD_POLL_SECONDS == 0.2 and base.HOLD_LIMIT_SECONDS == 900.0
     hold = EpochHold(HOLD, 8)
     assert (hold.poll, hold.limit, hold.active) == (0.2, 900.0, True)
     assert EpochHold("", 8).active is False
@@ -249,6 +250,9 @@ def test_defaults_are_a_fifth_of_a_second_and_fifteen_minutes():
 
 def test_the_training_module_imports_no_tensorflow():
     # TensorFlow may only be imported after TF_CONFIG is set (train.configure_environment).
-    code = "import sys, trainstack_training.train; print('tensorflow' in sys.modules)"
+    code = (
+        "import sys, trainstack_training.train; "
+        "print('tensorflow' in sys.modules or 'torch' in sys.modules)"
+    )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert out.stdout.strip() == "False", out.stderr[-2000:]

@@ -11,11 +11,11 @@ import pytest
 from trainstack_training import report
 from trainstack_training.config import TrainConfig
 from trainstack_training.data import DataInfo
-from trainstack_training.epochs import headline, metric_names
+from trainstack_training.epochs import EPOCH_LOG, headline, metric_names
+from trainstack_training.frameworks.base import returned_metrics
 from trainstack_training.launcher import ATTEMPTS_LOG
 from trainstack_training.metrics import gauge_name
 from trainstack_training.runner import epoch_line
-from trainstack_training.train import EPOCH_LOG, returned_metrics
 
 from infra.jobs.show import result_metrics
 
@@ -143,7 +143,10 @@ def test_status_shows_a_regressions_metrics_and_a_classifiers_accuracy():
 
 def test_a_failure_after_the_users_code_names_the_saved_model(tmp_path):
     (tmp_path / "model.keras").write_bytes(b"a model")
-    with pytest.raises(report.ReportError) as raised, report.after_training(tmp_path):
+    with (
+        pytest.raises(report.ReportError) as raised,
+        report.after_training(tmp_path, "model.keras"),
+    ):
         {}["val_accuracy"]  # a platform bug in the report
     said = str(raised.value)
     assert said == (
@@ -155,6 +158,6 @@ def test_a_failure_after_the_users_code_names_the_saved_model(tmp_path):
 
 
 def test_the_report_step_passes_through_when_it_works(tmp_path):
-    with report.after_training(tmp_path):
+    with report.after_training(tmp_path, "model.keras"):
         value = 1
     assert value == 1

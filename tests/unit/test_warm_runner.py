@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 from trainstack_training import warm
 from trainstack_training.config import TrainConfig
-from trainstack_training.launcher import context_settings
+from trainstack_training.spark import context_settings
 
 pytestmark = pytest.mark.unit
 

@@ -19,8 +19,9 @@ def main(argv: list[str] | None = None) -> int:
     """Run the whole job; the last stdout line is a one-line JSON summary (also on failure)."""
     from trainstack_training.data import DataError
     from trainstack_training.job import JobError
-    from trainstack_training.launcher import ClusterError, JobCancelledError, TrainingError, run
+    from trainstack_training.launcher import TrainingError, run
     from trainstack_training.report import ReportError, summary, summary_line
+    from trainstack_training.spark import ClusterError, JobCancelledError
 
     try:
         cfg = parse_args(argv)

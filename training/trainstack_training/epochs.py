@@ -5,6 +5,8 @@ from __future__ import annotations
 
 from typing import Any
 
+# The chief's epoch rows, in the run directory (one JSON object per line).
+EPOCH_LOG = "epochs.jsonl"
 # The fields of an epoch row that are not the model's metrics.
 ROW_FIELDS = frozenset({"epoch", "attempt", "train_seconds", "samples", "ended_at"})
 # Keys of Keras' epoch logs that are settings, not the model's metrics.

@@ -49,7 +49,12 @@ from trainstack_training.config import AUTO_TASK, CLASSIFICATION, DIGITS, TASKS,
 MANIFEST = "trainstack.toml"
 ERROR_FILE = ".job-error.json"  # in the run directory: the user's error, for retries and driver
 _MODULE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*$")
-_JOB_KEYS = ("entry", "requirements", "progress_timeout", "data", "task", "label", "metric")
+_JOB_KEYS = (
+    "entry", "framework", "requirements", "progress_timeout", "data", "task", "label", "metric",
+)  # fmt: skip
+# The frameworks a job may name (`framework = "torch"`); TensorFlow is the default.
+TENSORFLOW, TORCH = "tensorflow", "torch"
+FRAMEWORKS = (TENSORFLOW, TORCH)
 # Data locations the cluster reads itself: a URL of these schemes or an absolute path.
 DATA_SCHEMES = ("http://", "https://", "file://", "hdfs://", "s3a://")
 # A rank with no finished batch, epoch or ctx.report for this long fails (watchdog.py).
@@ -86,6 +91,7 @@ class JobSpec:
     task: str = ""
     label: str = ""  # the label column; "" = the run's (label_col, "label" by default)
     metric: str = ""  # the metric shown first; "" = val_loss, else the first one logged
+    framework: str = TENSORFLOW  # which backend trains it (trainstack_training.frameworks)
 
 
 def _fail(directory: Path, what: str) -> JobError:
@@ -203,6 +209,13 @@ def load_spec(directory: str | Path, params: dict[str, Any] | None = None) -> Jo
         raise _fail(directory, f"{MANIFEST}: requirements = {requirements!r} does not exist")
     data = _check_data(directory, job.get("data", ""))
     task, label, metric = _check_task(directory, job)
+    framework = job.get("framework", TENSORFLOW)
+    if framework not in FRAMEWORKS:
+        raise _fail(
+            directory,
+            f"{MANIFEST}: [job] framework = {framework!r}: allowed are "
+            f"{', '.join(repr(f) for f in FRAMEWORKS)} (TensorFlow when left out)",
+        )
     merged = {
         **_check_params(directory, values.get("params", {}), "[params]"),
         **_check_params(directory, params or {}, "the stack's job parameters"),
@@ -220,6 +233,7 @@ def load_spec(directory: str | Path, params: dict[str, Any] | None = None) -> Jo
         task=task,
         label=label,
         metric=metric,
+        framework=framework,
     )
 
 
@@ -360,17 +374,24 @@ def where(exc: BaseException, directory: str) -> str:
 CLUSTER_FAILURES = frozenset(
     {"UnavailableError", "AbortedError", "CancelledError", "DeadlineExceededError"}
 )
+# torch.distributed's: a peer lost, the store or the network gone (gloo's "Connection closed
+# by peer" is a DistBackendError).
+TORCH_CLUSTER_FAILURES = frozenset(
+    {"DistError", "DistBackendError", "DistNetworkError", "DistStoreError"}
+)
 
 
 def is_cluster_failure(exc: BaseException) -> bool:
-    """Whether `exc`, or an exception it was raised from, is TensorFlow's report of a lost
-    peer or a failed collective."""
+    """Whether `exc`, or an exception it was raised from, is TensorFlow's or torch's report of
+    a lost peer or a failed collective."""
     seen: set[int] = set()
     current: BaseException | None = exc
     while current is not None and id(current) not in seen:
         seen.add(id(current))
         kind = type(current)
         if kind.__name__ in CLUSTER_FAILURES and kind.__module__.startswith("tensorflow"):
+            return True
+        if kind.__name__ in TORCH_CLUSTER_FAILURES and kind.__module__.startswith("torch"):
             return True
         current = current.__cause__ or current.__context__
     return False
@@ -434,8 +455,12 @@ class JobContext:
     model_path: str
     attempt: int = 0
     task: str = CLASSIFICATION  # "classification" or "regression": the data stage's task
+    framework: str = TENSORFLOW
+    torch: Any = None  # torch jobs: the torch module (the process group is initialised)
+    device: Any = None  # torch jobs: this rank's torch.device (cpu, or its GPU)
     _callbacks: Callable[[], list[Any]] | None = None
     _report: Callable[[dict[str, Any]], None] | None = None
+    _save: Callable[[Any], None] | None = None  # the framework's save, when not Keras'
     saved: bool = False
 
     @property
@@ -454,11 +479,16 @@ class JobContext:
             self._report({k: float(v) for k, v in metrics.items()})
 
     def save_model(self, model: Any) -> None:
-        """Save the trained Keras model: every worker calls it (saving may need all of them);
-        the chief's copy is the run's model."""
+        """Save the trained model: every worker calls it (saving may need all of them); the
+        chief's copy is the run's model (Keras: `model_path`; torch: its state_dict there, and
+        TorchScript beside it where the model scripts)."""
         import shutil
         import tempfile
 
+        if self._save is not None:
+            self._save(model)
+            self.saved = True
+            return
         if self.is_chief:
             model.save(self.model_path)
         else:

@@ -11,8 +11,7 @@ from typing import Any
 from trainstack_training.attempts import count_attempts
 from trainstack_training.config import TrainConfig
 from trainstack_training.data import DataInfo
-from trainstack_training.epochs import headline, metric_names
-from trainstack_training.train import EPOCH_LOG, MODEL_FILE
+from trainstack_training.epochs import EPOCH_LOG, headline, metric_names
 
 METRICS_FILE = "metrics.json"
 PLOT_FILE = "curves.png"  # the name the Pulumi training component copies back
@@ -27,15 +26,15 @@ class ReportError(RuntimeError):
 
 
 @contextlib.contextmanager
-def after_training(out: Path) -> Iterator[None]:
+def after_training(out: Path, model_file: str) -> Iterator[None]:
     """The platform's steps after the user's code succeeded: an exception in them becomes one
     ReportError sentence that names the saved model, so no traceback of trainstack's stands
     between the user and their model."""
     try:
         yield
     except Exception as exc:
-        model = out / MODEL_FILE
-        kept = f"the model is saved at {model}" if model.exists() else f"no {MODEL_FILE} in {out}"
+        model = out / model_file
+        kept = f"the model is saved at {model}" if model.exists() else f"no {model_file} in {out}"
         raise ReportError(
             f"training finished, but trainstack's report of the run failed "
             f"({type(exc).__name__}: {exc}); {kept}, and each epoch's metrics are in "

@@ -57,6 +57,7 @@ from typing import TYPE_CHECKING, Any
 from trainstack_training import sparkmaster
 from trainstack_training.config import TrainConfig
 from trainstack_training.metrics import PUSHGATEWAY_ENV, push_runner_yields
+from trainstack_training.spark import build_context
 
 if TYPE_CHECKING:
     from pyspark import SparkContext
@@ -413,8 +414,6 @@ class Runner:
         push_runner_yields(self.gateway, total)
 
     def serve(self) -> int:
-        from trainstack_training.launcher import build_context
-
         signal.signal(signal.SIGTERM, self.on_term)
         started = time.time()
         self.sc = build_context(self.cfg, app_name=APP_NAME)

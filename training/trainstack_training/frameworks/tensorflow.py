@@ -1,0 +1,410 @@
+"""TensorFlow's backend: MultiWorkerMirroredStrategy (or the default strategy) in each rank.
+
+Legacy Keras (tf-keras, TF_USE_LEGACY_KERAS=1) is used on purpose: Keras 3's model.fit fails
+under MultiWorkerMirroredStrategy (keras-team/keras#20585), and legacy Keras keeps model.fit and
+BackupAndRestore exactly as TensorFlow's multi-worker guide writes them. TF_CONFIG comes from
+the barrier's allGather (the mechanism of spark-tensorflow-distributor) and is set before
+TensorFlow's runtime starts.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import signal
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from trainstack_training import metrics as push_metrics
+from trainstack_training.config import TrainConfig
+from trainstack_training.data import load_arrays
+from trainstack_training.epochs import EPOCH_LOG
+from trainstack_training.frameworks.base import (
+    FAULT_MARKER,
+    VAL_BATCH,
+    Backend,
+    EpochHold,
+    EpochReporter,
+    RankRun,
+    WorkerResult,
+    append_row,
+    call_train,
+    check_datasets,
+    peak_rss_mb,
+)
+from trainstack_training.job import JobContext, UserCodeError, call_user
+from trainstack_training.model import local_step_logs
+
+
+class TensorFlowBackend(Backend):
+    name = "tensorflow"
+    model_file = "model.keras"
+
+    def configure(self, run: RankRun) -> None:
+        tf_config = None
+        if run.cfg.workers > 1:
+            tf_config = {
+                "cluster": {"worker": list(run.peers)},
+                "task": {"type": "worker", "index": run.rank},
+            }
+        configure_environment(tf_config, run.cores)
+
+    def load(self, run: RankRun) -> Any:
+        tf = import_tensorflow(run.cores)
+        run.marks["tf_imported"] = time.time()
+        return tf
+
+    def run(self, run: RankRun, module: Any, framework: Any) -> WorkerResult:
+        tf = framework
+        tf.keras.utils.set_random_seed(run.cfg.seed)  # same initial weights on every worker
+        strategy = make_strategy(tf, run.cfg)
+        run.marks["strategy_ready"] = time.time()
+        ctx, timer, reporter = self._context(run, tf, strategy)
+        run.marks["data_loaded"] = time.time()
+        if run.spec.mode == "full":
+            returned, fit_seconds = call_train(run, module, ctx)
+            epochs_run = timer.epochs or reporter.epochs
+            return self._result(
+                run, ctx, epochs_run, timer, fit_seconds, {k: [v] for k, v in returned.items()},
+                returned=returned, train_seconds=timer.total or fit_seconds,
+            )  # fmt: skip
+        return self._simple(run, module, ctx, tf, strategy, timer)
+
+    def _context(self, run: RankRun, tf: Any, strategy: Any) -> tuple[JobContext, Any, Any]:
+        """The job's ctx, with trainstack's Keras callbacks and its epoch reporter."""
+        cfg, info, out = run.cfg, run.info, run.out
+        x_train, y_train = load_arrays(info.shard_dir(run.rank))
+        x_val, y_val = load_arrays(info.val_dir)
+        # Every worker must run the same number of steps, or the collectives deadlock: size the
+        # epoch by the smallest shard and repeat the data.
+        steps_per_epoch = min(info.shard_rows) // cfg.batch_size
+        samples = steps_per_epoch * cfg.batch_size * cfg.workers
+        timer = callback_classes(tf)[0](steps_per_epoch)
+        reporter = EpochReporter(
+            out / EPOCH_LOG, run.is_chief, run.attempt, len(x_train) * cfg.workers
+        )
+
+        def report(metrics: dict[str, Any]) -> None:
+            run.touch()
+            reporter.report(metrics)
+
+        ctx = JobContext(
+            params=dict(run.spec.params), rank=run.rank, world_size=cfg.workers,
+            is_chief=run.is_chief, strategy=strategy, tf=tf, x=x_train, y=y_train,
+            x_val=x_val, y_val=y_val, n_features=info.n_features, n_classes=info.n_classes,
+            batch_size=cfg.batch_size, epochs=cfg.epochs, learning_rate=cfg.learning_rate,
+            seed=cfg.seed, steps_per_execution=cfg.steps_per_execution,
+            steps_per_epoch=steps_per_epoch, run_dir=str(out),
+            checkpoint_dir=str(out / "backup"), model_path=str(out / self.model_file),
+            attempt=run.attempt, task=info.task, framework=self.name,
+            _callbacks=lambda: keras_callbacks(run, tf, timer, samples),
+            _report=report,
+        )  # fmt: skip
+        return ctx, timer, reporter
+
+    def _simple(
+        self, run: RankRun, module: Any, ctx: JobContext, tf: Any, strategy: Any, timer: Any
+    ) -> WorkerResult:
+        """trainstack's `fit` of the model `build_model(ctx)` returns."""
+        cfg, spec = run.cfg, run.spec
+        x_train, y_train, x_val, y_val = ctx.x, ctx.y, ctx.x_val, ctx.y_val
+        if spec.has_datasets:
+            arrays = call_user(spec, module.datasets, ctx)
+            (x_train, y_train), (x_val, y_val) = check_datasets(arrays, spec, len(x_train))
+        # Every worker evaluates the full validation set, in large batches (the metrics are the
+        # same for any batch size; fewer steps cost less Python).
+        val_batch = max(cfg.batch_size, VAL_BATCH)
+        options = input_options(tf)
+        global_batch = cfg.batch_size * cfg.workers
+
+        def train_fn(input_ctx: Any) -> Any:
+            per_replica = input_ctx.get_per_replica_batch_size(global_batch)
+            ds = tf.data.Dataset.from_tensor_slices((x_train, y_train))
+            ds = ds.shuffle(len(x_train), seed=cfg.seed + run.rank, reshuffle_each_iteration=True)
+            ds = ds.batch(per_replica, drop_remainder=True).repeat().prefetch(2)
+            return ds.with_options(options)
+
+        def val_fn(input_ctx: Any) -> Any:
+            ds = tf.data.Dataset.from_tensor_slices((x_val, y_val))
+            return ds.batch(val_batch).repeat().prefetch(2).with_options(options)
+
+        train_ds = strategy.distribute_datasets_from_function(train_fn)
+        val_ds = strategy.distribute_datasets_from_function(val_fn)
+        with strategy.scope():
+            model = call_user(spec, module.build_model, ctx)
+            if not hasattr(model, "fit") or getattr(model, "optimizer", None) is None:
+                raise UserCodeError(
+                    f"your code failed: build_model(ctx) in {spec.entry_file} returned "
+                    f"{type(model).__name__}; it must return a compiled Keras model "
+                    "(call model.compile(...) before returning it)"
+                )
+        local_step_logs(model, tf)
+        run.marks["fit_start"] = time.time()
+        fit_start = time.perf_counter()
+        # trainstack's own fit (not wrapped as the user's code: a lost peer must reach Spark's
+        # retry as it is).
+        history = model.fit(
+            train_ds,
+            epochs=cfg.epochs,
+            steps_per_epoch=ctx.steps_per_epoch,
+            validation_data=val_ds,
+            validation_steps=math.ceil(len(x_val) / val_batch),
+            callbacks=ctx.callbacks(),
+            verbose=0,
+        )
+        fit_seconds = time.perf_counter() - fit_start
+        run.marks["fit_end"] = time.time()
+        ctx.save_model(model)
+        run.marks["saved"] = time.time()
+        curves = {k: [float(v) for v in vs] for k, vs in history.history.items()}
+        return self._result(run, ctx, timer.epochs, timer, fit_seconds, curves)
+
+    def _result(
+        self,
+        run: RankRun,
+        ctx: JobContext,
+        epochs_run: int,
+        timer: Any,
+        fit_seconds: float,
+        history: dict[str, list[float]],
+        returned: dict[str, float] | None = None,
+        train_seconds: float | None = None,
+    ) -> WorkerResult:
+        return WorkerResult(
+            task_index=run.rank,
+            attempt=run.attempt,
+            host=run.host,
+            epochs_run=epochs_run,
+            train_seconds=timer.total if train_seconds is None else train_seconds,
+            fit_seconds=fit_seconds,
+            samples=epochs_run * ctx.steps_per_epoch * run.cfg.batch_size,
+            peak_rss_mb=peak_rss_mb(),
+            model_path=ctx.model_path if run.is_chief else "",
+            history=history,
+            returned=returned or {},
+            timings=timing_breakdown(run.marks, timer, fit_seconds),
+        )
+
+
+def keras_callbacks(run: RankRun, tf: Any, timer: Any, samples: int) -> list[Any]:
+    """trainstack's Keras callbacks: progress, the epoch timer and log, backup and resume, the
+    pushed progress, and the test-only fault and hold."""
+    cfg, out = run.cfg, run.out
+    _, epoch_log, fault_injector, hold_point = callback_classes(tf)
+
+    class Progress(tf.keras.callbacks.Callback):
+        """Each finished batch is progress for the no-progress timeout."""
+
+        def on_train_batch_end(self, batch: int, logs: Any = None) -> None:
+            run.touch()
+
+        def on_epoch_end(self, epoch: int, logs: Any = None) -> None:
+            run.touch()
+
+    cbs: list[Any] = [
+        Progress(),
+        timer,
+        epoch_log(out / EPOCH_LOG, run.is_chief, run.attempt, timer, samples),
+        # On shared storage, so a retried barrier stage resumes from the last finished epoch.
+        # After the epoch's row: a worker killed between the two then trains that epoch
+        # again on resume (its row twice: the report keeps the last), whereas a backup
+        # before the row would resume past an epoch whose row was never written.
+        tf.keras.callbacks.BackupAndRestore(backup_dir=str(out / "backup")),
+    ]
+    if cfg.fault_kill_epoch >= 1 and run.rank == cfg.fault_kill_worker:
+        cbs.append(fault_injector(cfg.fault_kill_epoch, timer.steps, out))
+    # The chief pushes each epoch to Prometheus's Pushgateway when one is configured.
+    cbs += push_metrics.keras_callbacks(
+        tf, str(out), cfg.epochs, cfg.workers, run.is_chief, run.attempt, timer, samples
+    )
+    if cfg.hold_file:
+        # Last, so the epoch's backup, its epochs.jsonl row and its push are done before the
+        # hold. Every worker holds: none waits inside a collective meanwhile.
+        cbs.append(hold_point(EpochHold(cfg.hold_file, cfg.epochs, run.rank, run.attempt)))
+    return cbs
+
+
+def configure_environment(tf_config: dict[str, Any] | None, cores: int) -> None:
+    """Set what TensorFlow reads once, when its runtime starts: before any op runs. TensorFlow
+    may be imported already (trainstack_training.daemon imports it before forking), but its
+    runtime must not have started."""
+    if tensorflow_runtime_started():
+        # TF reads TF_CONFIG and builds its collective runtime once per process; a reused
+        # process would silently keep the old cluster (hence spark.python.worker.reuse=false).
+        raise RuntimeError(
+            "TensorFlow's runtime already runs in this process; TF_CONFIG would "
+            "be ignored (is spark.python.worker.reuse on?)"
+        )
+    os.environ["TF_USE_LEGACY_KERAS"] = "1"
+    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+    for var in ("OMP_NUM_THREADS", "TF_NUM_INTRAOP_THREADS", "TF_NUM_INTEROP_THREADS"):
+        os.environ[var] = str(cores)
+    if tf_config:
+        os.environ["TF_CONFIG"] = json.dumps(tf_config)
+    else:
+        os.environ.pop("TF_CONFIG", None)
+
+
+def tensorflow_runtime_started() -> bool:
+    """Whether TensorFlow's eager context has been initialized in this process (an import
+    alone does not initialize it)."""
+    if "tensorflow" not in sys.modules:
+        return False
+    from tensorflow.python.eager import context
+
+    ctx = context.context_safe()
+    return ctx is not None and ctx._context_handle is not None
+
+
+def import_tensorflow(cores: int) -> Any:
+    """Import TensorFlow (after configure_environment) with its thread pools sized to the
+    cores Spark gave this task."""
+    import tensorflow as tf
+
+    tf.config.threading.set_intra_op_parallelism_threads(cores)
+    tf.config.threading.set_inter_op_parallelism_threads(cores)
+    return tf
+
+
+def input_options(tf: Any) -> Any:
+    """The tf.data options of both input pipelines."""
+    options = tf.data.Options()
+    # Spark already split the data: each worker must keep its whole shard.
+    options.experimental_distribute.auto_shard_policy = tf.data.experimental.AutoShardPolicy.OFF
+    # No autotuning: the pipelines (arrays in memory, shuffle, batch, prefetch(2)) have no knob
+    # set to AUTOTUNE, yet tf.data's autotuning thread still ran on the worker's CPU, and
+    # deleting the iterator as `fit` ended waited for it: a 3-5 s stall (the other worker
+    # waiting in `model.save`) in 10 of 19 digits runs on the default stack, 1 of 12 without.
+    options.autotune.enabled = False
+    return options
+
+
+def make_strategy(tf: Any, cfg: TrainConfig) -> Any:
+    """MultiWorkerMirroredStrategy with the configured all-reduce, or the default strategy."""
+    if cfg.train_strategy == "single":
+        return tf.distribute.get_strategy()
+    impl = tf.distribute.experimental.CommunicationImplementation
+    options = tf.distribute.experimental.CommunicationOptions(
+        bytes_per_pack=cfg.bytes_per_pack,
+        implementation=impl.RING if cfg.collective == "ring" else impl.AUTO,
+    )
+    return tf.distribute.MultiWorkerMirroredStrategy(communication_options=options)
+
+
+def timing_breakdown(marks: dict[str, float], timer: Any, fit_seconds: float) -> dict[str, float]:
+    """Seconds per phase of one worker: start-up (TensorFlow import, strategy and collective
+    set-up, shard load), the first step (tracing + the collective group's first all-reduce),
+    the later training steps, validation, and the rest of fit (per-epoch Python, callbacks,
+    checkpoints)."""
+    steps = max(0.0, timer.total - timer.first_step)
+    return {
+        "import_tf": marks["tf_imported"] - marks["task_start"],
+        "strategy_setup": marks["strategy_ready"] - marks["tf_imported"],
+        "load_shards": marks["data_loaded"] - marks["strategy_ready"],
+        "build_model": marks["fit_start"] - marks["data_loaded"],
+        "fit": fit_seconds,
+        "first_step": timer.first_step,
+        "train_steps": steps,
+        "validation": timer.validation,
+        "fit_other": max(0.0, fit_seconds - timer.total - timer.validation),
+        "save_model": marks["saved"] - marks["fit_end"],
+        "worker_total": marks["saved"] - marks["task_start"],
+        "task_start_at": marks["task_start"],  # wall clock; the launcher makes it relative
+        "fit_start_at": marks["fit_start"],  # wall clock: the first training step's start
+    }
+
+
+def callback_classes(tf: Any) -> tuple[Any, Any, Any, Any]:
+    """Define the Keras callbacks inside a function: TensorFlow may only be imported after
+    TF_CONFIG is set, so nothing at module level may subclass its classes."""
+    base = tf.keras.callbacks.Callback
+
+    class EpochTimer(base):  # type: ignore[misc,valid-type]
+        """Times the training steps of each epoch, excluding validation."""
+
+        def __init__(self, steps: int) -> None:
+            super().__init__()
+            self.steps, self.epochs, self.total, self.last = steps, 0, 0.0, 0.0
+            self._start = 0.0
+            # first_step: the first call of this process (tracing, first all-reduce).
+            self.first_step, self.step_count, self.validation = 0.0, 0, 0.0
+            self._val_start = 0.0
+
+        def on_epoch_begin(self, epoch: int, logs: Any = None) -> None:
+            self._start = time.perf_counter()
+
+        def on_train_batch_end(self, batch: int, logs: Any = None) -> None:
+            if self.step_count == 0:
+                self.first_step = time.perf_counter() - self._start
+            self.step_count += 1
+            # With steps_per_execution N this is called once per N steps, the last with
+            # batch == steps - 1.
+            if batch >= self.steps - 1:
+                self.last = time.perf_counter() - self._start
+                self.total += self.last
+                self.epochs += 1
+
+        def on_test_begin(self, logs: Any = None) -> None:
+            self._val_start = time.perf_counter()
+
+        def on_test_end(self, logs: Any = None) -> None:
+            self.validation += time.perf_counter() - self._val_start
+
+    class EpochLog(base):  # type: ignore[misc,valid-type]
+        """The chief appends each epoch's metrics to a JSON-lines file on shared storage, so
+        the curves survive a restart (a resumed fit's History only has the later epochs)."""
+
+        def __init__(
+            self, path: Path, enabled: bool, attempt: int, timer: Any, samples: int
+        ) -> None:
+            super().__init__()
+            self.path, self.enabled, self.attempt = path, enabled, attempt
+            self.timer, self.samples = timer, samples
+
+        def on_epoch_end(self, epoch: int, logs: Any = None) -> None:
+            if not self.enabled:
+                return
+            row = {
+                "epoch": epoch + 1,
+                "attempt": self.attempt,
+                "train_seconds": self.timer.last,
+                "samples": self.samples,
+                "ended_at": time.time(),
+            }
+            row.update({k: float(v) for k, v in (logs or {}).items()})
+            append_row(self.path, row)
+
+    class FaultInjector(base):  # type: ignore[misc,valid-type]
+        """TEST ONLY: SIGKILL this worker's own Python process halfway through an epoch, once.
+
+        A real crash (no exception, no cleanup), so Spark sees a lost Python worker.
+        """
+
+        def __init__(self, epoch: int, steps: int, out: Path) -> None:
+            super().__init__()
+            self.epoch, self.batch = epoch, max(0, steps // 2)
+            self.marker = out / FAULT_MARKER
+            self.current = 0
+
+        def on_epoch_begin(self, epoch: int, logs: Any = None) -> None:
+            self.current = epoch + 1
+
+        def on_train_batch_end(self, batch: int, logs: Any = None) -> None:
+            if self.current == self.epoch and batch == self.batch and not self.marker.exists():
+                self.marker.write_text(f"killed pid {os.getpid()} in epoch {self.epoch}\n")
+                os.kill(os.getpid(), signal.SIGKILL)
+
+    class HoldPoint(base):  # type: ignore[misc,valid-type]
+        """TEST ONLY: runs an EpochHold at each epoch end (see EpochHold)."""
+
+        def __init__(self, hold: EpochHold) -> None:
+            super().__init__()
+            self.hold = hold
+
+        def on_epoch_end(self, epoch: int, logs: Any = None) -> None:
+            self.hold.after_epoch(epoch + 1)
+
+    return EpochTimer, EpochLog, FaultInjector, HoldPoint
