@@ -26,6 +26,7 @@ from trainstack_training.ranklog import RANK_LOG
 
 from infra.errors import UserFacingError, short_provider_errors, write_details
 from infra.jobs import envs, remote
+from infra.jobs.launch import LaunchSettings, train_command
 from infra.jobs.remote import RemoteError, ship_directory, submitter
 from infra.transport import Transport, TransportError, transports_for
 
@@ -191,47 +192,12 @@ def _test_hold_file() -> str:
     return os.environ.get(TEST_HOLD_FILE_ENV, "").strip()
 
 
-def _job_command(props: dict[str, Any], run_dir: str, hold_file: str = "") -> list[str]:
-    """The `trainstack-train` command line of a launch of this run; `hold_file`: see
-    TEST_HOLD_FILE_ENV ("" = no hold hook)."""
-    settings = props["settings"]
-    command = [
-        # One barrier job at a time: jobs from `trainstack submit` take the same lock.
-        "flock",
-        remote.QUEUE_LOCK,
-        f"{remote.NODE_VENV}/bin/trainstack-train",
-        "--master",
-        props["master_url"],
-        "--workers",
-        str(int(settings["workers"])),
-        "--epochs",
-        str(int(settings["epochs"])),
-        "--batch-size",
-        str(int(settings["batch_size"])),
-        "--data",
-        settings["data"],
-        "--rows",
-        str(int(settings["rows"])),
-        "--output",
-        run_dir,
-        "--spark-conf",
-        settings["spark_conf"],
-    ]
-    if settings.get("job_sha"):  # absent in the state of runs launched before jobs
-        command += ["--job-dir", f"{remote.JOBS_DIR}/{settings['job_sha']}"]
-        command += ["--job-params", settings.get("job_params") or "{}"]
-    if settings.get("env_sha"):
-        command += ["--job-env", envs.Env(settings["env_sha"], (), Path()).site]
-    if settings.get("strategy"):  # absent in the state of runs launched before the key
-        command += ["--train-strategy", settings["strategy"]]
-        command += ["--cores-per-worker", str(int(settings.get("cores_per_worker") or 1))]
-    if settings.get("runner_keep_alive"):  # absent in the state of runs before the runner
-        command += ["--runner-keep-alive", str(int(settings["runner_keep_alive"]))]
-    if settings.get("runner_yield") is False:  # absent before the key: the default, True
-        command += ["--no-runner-yield"]
-    if hold_file:  # last: _stop_earlier_launches matches `--output <run dir>` and a space
-        command += ["--hold-file", hold_file]
-    return command
+def _job_command(settings: LaunchSettings, run_dir: str, hold_file: str = "") -> list[str]:
+    """The command of a launch of this run: `trainstack-train` from the one builder
+    (infra.jobs.launch) under the queue lock; `hold_file`: see TEST_HOLD_FILE_ENV ("" = no
+    hold hook)."""
+    # One barrier job at a time: jobs from `trainstack submit` take the same lock.
+    return ["flock", remote.QUEUE_LOCK, *train_command(settings, run_dir, hold_file=hold_file)]
 
 
 class _TrainingJobProvider(ResourceProvider):
@@ -239,6 +205,8 @@ class _TrainingJobProvider(ResourceProvider):
 
     def _run(self, props: dict[str, Any]) -> dict[str, Any]:
         run_dir = f"{remote.MODELS_DIR}/{props['run_id']}"
+        # The launch's settings, read once from the props (from an earlier version's state too).
+        launch = LaunchSettings.declared(props["settings"], props["master_url"])
         candidates = _candidates(props)
         _stop_earlier_launches(candidates, run_dir)
         node = _submitter(candidates)
@@ -250,7 +218,7 @@ class _TrainingJobProvider(ResourceProvider):
                 file=sys.stderr,
             )
         _ship_job(node, props)
-        command = _job_command(props, run_dir, hold_file)
+        command = _job_command(launch, run_dir, hold_file)
         print(f"launching on {node.name}: {shlex.join(command)}", file=sys.stderr)
         started = time.time()
         # As the daemons' user, who owns the shared storage and Spark's client config (with
@@ -260,7 +228,7 @@ class _TrainingJobProvider(ResourceProvider):
         lines = [line for line in stdout.strip().splitlines() if line.startswith("{")]
         summary = json.loads(lines[-1]) if lines else {}
         host_dir = Path(props["host_artifacts_dir"]) / props["run_id"]
-        workers = int(props["settings"]["workers"])
+        workers = launch.workers
         if code != 0 or not summary.get("ok"):
             log = host_dir / "job.log"
             write_details(log, stdout)
@@ -286,7 +254,7 @@ class _TrainingJobProvider(ResourceProvider):
                 "host_files": copied,
                 "submitted_on": node.name,
                 "job": props.get("job_source", ""),
-                "code_sha": props["settings"].get("job_sha", ""),
+                "code_sha": launch.job_sha,
                 "env_sha": props["settings"].get("env_sha", ""),
                 "copy_command": node.copy_command(run_dir),
             },
@@ -320,7 +288,9 @@ class TrainingArgs:
     # container name): the job is submitted from the first healthy one.
     submit_candidates: list[dict[str, Any]] | list[str]
     # job_sha, job_params, workers, epochs, batch_size, data, rows, strategy,
-    # cores_per_worker, spark_conf, runner_keep_alive, runner_yield
+    # cores_per_worker, spark_conf, runner_keep_alive, runner_yield, env_sha: in the
+    # resource's props as they are (they make its trigger), read at launch by
+    # infra.jobs.launch.LaunchSettings.declared
     settings: dict[str, Any]
     trigger: str  # digest of everything that should launch a new run
     host_artifacts_dir: str

@@ -25,6 +25,7 @@ from trainstack_training.runner import INSTALL_SCRIPT
 from infra.config.values import PROJECT_DIR
 from infra.jobs import envs
 from infra.jobs.envs import EnvError
+from infra.jobs.launch import LaunchSettings, train_command
 from infra.jobs.package import JobDirError, Packed, pack
 from infra.jobs.remote import (
     JOB_USER,
@@ -101,6 +102,20 @@ def stack_outputs(stack: str | None) -> dict[str, Any]:
     return dict(outputs)
 
 
+def queued_command(
+    settings: LaunchSettings, run_dir: str, app_name: str, *, install: bool
+) -> list[str]:
+    """A submitted job's command: the job runner (trainstack_training.runner: the job's
+    record, the queue lock, the packages' install when `install`) around `trainstack-train`
+    from the one builder (infra.jobs.launch)."""
+    runner = [
+        f"{NODE_VENV}/bin/python", "-m", "trainstack_training.runner", run_dir,
+        "--lock", QUEUE_LOCK, "--epochs", str(settings.epochs),
+        *(["--install", f"{run_dir}/{INSTALL_SCRIPT}"] if install else []),
+    ]  # fmt: skip
+    return [*runner, "--", *train_command(settings, run_dir, app_name=app_name)]
+
+
 class Jobs:
     """A stack's jobs, over its transports."""
 
@@ -175,11 +190,15 @@ class Jobs:
             staged = envs.stage(node, env, f"{NODE_VENV}/bin/python", JOB_USER) if env else None
         except EnvError as exc:
             raise CliError(str(exc), EXIT_FAILED) from None
-        site = staged.site if staged else ""
         install = staged.script if staged else ""
         job_id = f"job-{datetime.now(UTC):%Y%m%d-%H%M%S}-{secrets.token_hex(2)}"
         run_dir = f"{MODELS_DIR}/{job_id}"
-        settings = {**self.defaults, **overrides}
+        launch = LaunchSettings.submitted(
+            {**self.defaults, **overrides},
+            job_sha=packed.sha,
+            job_params=json.dumps(spec.params, sort_keys=True),
+            job_env=staged.site if staged else "",
+        )
         record = {
             "id": job_id,
             "state": "installing" if install else "queued",
@@ -190,32 +209,11 @@ class Jobs:
             "params": spec.params,
             "mode": spec.mode,
             "node": node.name,
-            "epochs": int(settings["epochs"]),
-            "workers": int(settings["workers"]),
-            "data": str(settings["data"]),
+            "epochs": launch.epochs,
+            "workers": launch.workers,
+            "data": launch.data,
         }
-        command = [
-            f"{NODE_VENV}/bin/python", "-m", "trainstack_training.runner", run_dir,
-            "--lock", QUEUE_LOCK, "--epochs", str(int(settings["epochs"])),
-            *(["--install", f"{run_dir}/{INSTALL_SCRIPT}"] if install else []), "--",
-            f"{NODE_VENV}/bin/trainstack-train",
-            "--job-dir", f"{JOBS_DIR}/{packed.sha}",
-            "--job-params", json.dumps(spec.params, sort_keys=True),
-            "--job-env", site,
-            "--master", str(settings["master_url"]),
-            "--workers", str(int(settings["workers"])),
-            "--epochs", str(int(settings["epochs"])),
-            "--batch-size", str(int(settings["batch_size"])),
-            "--data", str(settings["data"]),
-            "--rows", str(int(settings["rows"])),
-            "--train-strategy", str(settings["strategy"]),
-            "--cores-per-worker", str(int(settings["cores_per_worker"])),
-            "--spark-conf", str(settings["spark_conf"]),
-            "--app-name", f"trainstack-{job_id}",
-            "--runner-keep-alive", str(int(settings.get("runner_keep_alive") or 0)),
-            *([] if settings.get("runner_yield", True) else ["--no-runner-yield"]),
-            "--output", run_dir,
-        ]  # fmt: skip
+        command = queued_command(launch, run_dir, f"trainstack-{job_id}", install=bool(install))
         detached = f"setsid nohup {shlex.join(command)} >/dev/null 2>&1 </dev/null &"
         try:
             node.run(["mkdir", "-p", run_dir], user=JOB_USER)

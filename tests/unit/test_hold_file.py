@@ -20,6 +20,7 @@ from trainstack_training.frameworks.base import EpochHold
 
 from infra.components import training
 from infra.components.training import TEST_HOLD_FILE_ENV, _job_command, _TrainingJobProvider
+from infra.jobs.launch import LaunchSettings
 from infra.transport import Transport, TransportError
 
 pytestmark = pytest.mark.unit
@@ -91,6 +92,13 @@ def _props(tmp_path: Path) -> dict:
     }
 
 
+def _command(tmp_path: Path, hold_file: str = "") -> list[str]:
+    """The declared job's command for `_props` (infra.jobs.launch, the one builder)."""
+    props = _props(tmp_path)
+    settings = LaunchSettings.declared(props["settings"], props["master_url"])
+    return _job_command(settings, RUN_DIR, hold_file)
+
+
 def _launch(monkeypatch, tmp_path: Path) -> tuple[dict, _Node]:
     node = _Node(RUN_DIR)
     monkeypatch.setattr(training, "_candidates", lambda props: [node])
@@ -107,7 +115,7 @@ def test_no_variable_no_hold_flag(monkeypatch, tmp_path, capsys):
     result, node = _launch(monkeypatch, tmp_path)
     (command,) = node.streamed
     assert "--hold-file" not in command
-    assert command == _job_command(_props(tmp_path), RUN_DIR)
+    assert command == _command(tmp_path)
     assert result["result"]["ok"]
     assert "TEST ONLY" not in capsys.readouterr().err
 
@@ -124,7 +132,7 @@ def test_the_variable_is_read_at_launch_and_passed_last(monkeypatch, tmp_path, c
     result, node = _launch(monkeypatch, tmp_path)
     (command,) = node.streamed
     assert command[-2:] == ["--hold-file", HOLD]
-    assert command[:-2] == _job_command(_props(tmp_path), RUN_DIR)  # nothing else changes
+    assert command[:-2] == _command(tmp_path)  # nothing else changes
     err = capsys.readouterr().err
     assert f"TEST ONLY: {TEST_HOLD_FILE_ENV} is set" in err and HOLD in err
     assert f"--hold-file {HOLD}" in err  # in the `launching on` line
@@ -146,7 +154,7 @@ def test_an_earlier_launch_with_the_hold_flag_is_still_found(monkeypatch, tmp_pa
     node = _Node(RUN_DIR, pids=b"42\n")
     training._stop_earlier_launches([node], RUN_DIR, grace_s=0)
     pattern = node.ran[0][2]
-    command = " ".join(_job_command(_props(tmp_path), RUN_DIR, HOLD))
+    command = " ".join(_command(tmp_path, HOLD))
     assert re.search(pattern, command), (pattern, command)
     assert not re.search(pattern, command.replace(RUN_DIR, RUN_DIR + "x"))
 

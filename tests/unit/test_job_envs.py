@@ -213,12 +213,13 @@ def test_a_wheel_at_another_version_than_the_nodes_is_refused(tmp_path, monkeypa
 
 def test_the_declared_job_gets_its_overlay_only_when_it_has_packages():
     from infra.components.training import _job_command
+    from infra.jobs.launch import LaunchSettings
 
     settings = {"workers": 2, "epochs": 1, "batch_size": 32, "data": "digits", "rows": 0,
                 "spark_conf": "", "job_sha": "c" * 64, "job_params": "{}"}  # fmt: skip
-    props = {"master_url": "spark://m:7077", "settings": settings}
-    assert "--job-env" not in _job_command(props, "/srv/trainstack/models/run-x")
-    props["settings"] = {**settings, "env_sha": "d" * 64}
-    command = _job_command(props, "/srv/trainstack/models/run-x")
+    launch = LaunchSettings.declared(settings, "spark://m:7077")
+    assert "--job-env" not in _job_command(launch, "/srv/trainstack/models/run-x")
+    launch = LaunchSettings.declared({**settings, "env_sha": "d" * 64}, "spark://m:7077")
+    command = _job_command(launch, "/srv/trainstack/models/run-x")
     flag = command.index("--job-env")
     assert command[flag + 1] == f"/srv/trainstack/models/envs/{'d' * 64}/site"

@@ -1,0 +1,225 @@
+"""One launch path (issue 39): the `trainstack-train` command line of the stack's declared job
+and of `trainstack submit` come from one builder, infra.jobs.launch's `train_command`, from one
+typed `LaunchSettings`. No Pulumi run, no cluster: both callers run against a fake node.
+"""
+
+from __future__ import annotations
+
+import json
+import shlex
+import shutil
+from pathlib import Path
+
+import pytest
+
+from infra.components import training
+from infra.components.training import _job_command, _TrainingJobProvider
+from infra.jobs import commands
+from infra.jobs.commands import Jobs, queued_command
+from infra.jobs.launch import TRAIN, LaunchSettings, train_command
+from infra.jobs.remote import JOBS_DIR, MODELS_DIR, NODE_VENV, QUEUE_LOCK
+from infra.transport import Transport, TransportError
+
+pytestmark = pytest.mark.unit
+
+EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "digits"
+MASTER = "spark://control-1:7077,control-2:7077"
+# The stack's settings as infra.program's training_settings makes them (the declared job's
+# props) and as `jobDefaults` carries them (less the job's own keys, with the master's URL).
+STACK = {
+    "workers": 2,
+    "epochs": 3,
+    "batch_size": 32,
+    "data": "digits",
+    "rows": 0,
+    "strategy": "multi-worker",
+    "cores_per_worker": 1,
+    "spark_conf": "spark.driver.memory=512m",
+    "runner_keep_alive": 600,
+    "runner_yield": False,
+}
+
+
+def _flags(argv: list[str]) -> dict[str, str | None]:
+    """`trainstack-train`'s flags and their values (None: a flag without one)."""
+    assert argv[0] == TRAIN, argv
+    found: dict[str, str | None] = {}
+    rest = argv[1:]
+    for i, token in enumerate(rest):
+        if not token.startswith("--"):
+            continue
+        value = rest[i + 1] if i + 1 < len(rest) else None
+        found[token] = None if value is None or value.startswith("--") else value
+    return found
+
+
+# --- the builder ---------------------------------------------------------------------------------
+
+
+def test_the_declared_job_passes_the_flags_it_passed_before():
+    settings = {**STACK, "job_sha": "c" * 64, "job_params": '{"dropout": 0.1}', "env_sha": "d" * 64}
+    command = _job_command(LaunchSettings.declared(settings, MASTER), f"{MODELS_DIR}/run-a")
+    assert command[:2] == ["flock", QUEUE_LOCK]
+    assert _flags(command[2:]) == {
+        "--master": MASTER,
+        "--workers": "2",
+        "--epochs": "3",
+        "--batch-size": "32",
+        "--data": "digits",
+        "--rows": "0",
+        "--spark-conf": "spark.driver.memory=512m",
+        "--job-dir": f"{JOBS_DIR}/{'c' * 64}",
+        "--job-params": '{"dropout": 0.1}',
+        "--job-env": f"{MODELS_DIR}/envs/{'d' * 64}/site",
+        "--train-strategy": "multi-worker",
+        "--cores-per-worker": "1",
+        "--runner-keep-alive": "600",
+        "--no-runner-yield": None,
+        "--output": f"{MODELS_DIR}/run-a",
+    }
+
+
+def test_a_declared_run_from_an_earlier_state_leaves_out_the_keys_it_lacks():
+    old = {k: STACK[k] for k in ("workers", "epochs", "batch_size", "data", "rows", "spark_conf")}
+    command = train_command(LaunchSettings.declared(old, MASTER), "/r")
+    assert set(_flags(command)) == {
+        "--master", "--workers", "--epochs", "--batch-size", "--data", "--rows", "--spark-conf",
+        "--output",
+    }  # fmt: skip
+    # Off or default values leave their flag out too: trainstack-train's defaults are the same.
+    quiet = {**STACK, "job_sha": "", "runner_keep_alive": 0, "runner_yield": True, "strategy": ""}
+    flags = _flags(train_command(LaunchSettings.declared(quiet, MASTER), "/r"))
+    assert not {"--job-dir", "--job-env", "--train-strategy", "--runner-keep-alive"} & set(flags)
+    assert "--no-runner-yield" not in flags
+
+
+def test_a_submitted_job_passes_every_flag_defaults_included():
+    defaults = {**STACK, "master_url": MASTER, "runner_keep_alive": 0, "runner_yield": True}
+    launch = LaunchSettings.submitted(defaults, job_sha="e" * 64, job_params="{}", job_env="")
+    flags = _flags(train_command(launch, "/r", app_name="trainstack-job-1"))
+    assert flags["--job-env"] == "" and flags["--runner-keep-alive"] == "0"
+    assert flags["--train-strategy"] == "multi-worker" and flags["--cores-per-worker"] == "1"
+    assert flags["--app-name"] == "trainstack-job-1"
+    assert "--no-runner-yield" not in flags
+    no_key = {k: v for k, v in defaults.items() if k not in ("runner_keep_alive", "runner_yield")}
+    launch = LaunchSettings.submitted(no_key, job_sha="e" * 64, job_params="{}", job_env="")
+    assert launch.runner_keep_alive == 0 and launch.runner_yield
+
+
+def test_the_output_then_the_hold_file_close_the_command():
+    launch = LaunchSettings.declared(STACK, MASTER)
+    command = train_command(launch, "/r", app_name="x", hold_file="/h")
+    assert command[-4:] == ["--output", "/r", "--hold-file", "/h"]
+    assert train_command(launch, "/r", app_name="x")[-2:] == ["--output", "/r"]
+
+
+def test_the_settings_are_frozen():
+    launch = LaunchSettings.declared(STACK, MASTER)
+    with pytest.raises(AttributeError):
+        launch.workers = 4  # type: ignore[misc]
+
+
+# --- both callers, from the one builder -----------------------------------------------------------
+
+
+class _Node(Transport):
+    """A worker node that can submit; records what it is asked to run."""
+
+    name = "ts-worker-1"
+
+    def __init__(self) -> None:
+        self.ran: list[list[str]] = []
+        self.streamed: list[list[str]] = []
+
+    def unavailable(self) -> str | None:
+        return None
+
+    def run(self, argv, *, user=None, env=None, stdin=None):
+        self.ran.append(argv)
+        return (1, b"") if argv[0] == "pgrep" else (0, b"")
+
+    def stream(self, argv, *, env=None, user=None):
+        self.streamed.append(argv)
+        return 0, json.dumps({"ok": True}) + "\n"
+
+    def fetch(self, path):
+        if path.endswith(("model.keras", "metrics.json")):
+            return b"{}"
+        raise TransportError(f"{self.name}: cannot read {path} (missing)")
+
+    def put(self, path, data, mode=0o644, user=None):
+        pass
+
+    def copy_command(self, path):
+        return f"docker cp {self.name}:{path} ."
+
+
+def _declared(monkeypatch, tmp_path: Path, settings: dict) -> list[str]:
+    """The command the declared job's provider streams on its node."""
+    node = _Node()
+    monkeypatch.setattr(training, "_candidates", lambda props: [node])
+    monkeypatch.setattr(training, "_ship_job", lambda node, props: None)
+    monkeypatch.delenv(training.TEST_HOLD_FILE_ENV, raising=False)
+    props = {"master_url": MASTER, "settings": settings, "run_id": "run-a",
+             "host_artifacts_dir": str(tmp_path), "monitoring_url": ""}  # fmt: skip
+    _TrainingJobProvider()._run(props)
+    (command,) = node.streamed
+    return command
+
+
+def _submitted(monkeypatch, tmp_path: Path, defaults: dict) -> tuple[list[str], str]:
+    """The command `trainstack submit` starts on its node (detached), and the job's id."""
+    node = _Node()
+    monkeypatch.setattr(commands, "transports_for", lambda records: [node])
+    monkeypatch.setattr(commands, "submitter", lambda nodes, check_venv=True: node)
+    monkeypatch.setattr(commands, "ship", lambda node, packed: None)
+    job = tmp_path / "job"
+    shutil.copytree(EXAMPLE, job)
+    job_id = Jobs({"jobDefaults": defaults, "jobNodes": ["ts-worker-1"]}).submit(job, {}, {})
+    (detached,) = [argv[2] for argv in node.ran if argv[:2] == ["sh", "-c"]]
+    line = detached.removeprefix("setsid nohup ").split(" >/dev/null")[0]
+    return shlex.split(line), job_id
+
+
+def test_the_declared_job_and_a_submitted_one_agree_on_the_shared_flags(monkeypatch, tmp_path):
+    from trainstack_training.job import load_spec
+
+    from infra.jobs import pack
+
+    sha = pack(EXAMPLE).sha
+    params = json.dumps(load_spec(EXAMPLE, {}).params, sort_keys=True)
+    declared = _declared(monkeypatch, tmp_path, {**STACK, "job_sha": sha, "job_params": params})
+    submitted, job_id = _submitted(monkeypatch, tmp_path, {**STACK, "master_url": MASTER})
+    runner = submitted[: submitted.index("--") + 1]
+    python = f"{NODE_VENV}/bin/python"
+    run_dir = f"{MODELS_DIR}/{job_id}"
+    assert runner == [python, "-m", "trainstack_training.runner", run_dir,
+                      "--lock", QUEUE_LOCK, "--epochs", "3", "--"]  # fmt: skip
+    assert declared[:2] == ["flock", QUEUE_LOCK]
+    mine, theirs = _flags(declared[2:]), _flags(submitted[len(runner) :])
+    # What differs is each caller's own: the run directory, submit's application name and its
+    # `--job-env ""` (a job without packages; the declared job leaves the flag out).
+    assert mine.pop("--output") == f"{MODELS_DIR}/run-a"
+    assert theirs.pop("--output") == run_dir
+    assert theirs.pop("--app-name") == f"trainstack-{job_id}"
+    assert theirs.pop("--job-env") == ""
+    assert mine == theirs
+    assert mine["--job-dir"] == f"{JOBS_DIR}/{sha}" and "--no-runner-yield" in mine
+
+
+def test_each_caller_runs_what_the_builder_makes(monkeypatch, tmp_path):
+    settings = {**STACK, "job_sha": "c" * 64, "job_params": "{}"}
+    declared = _declared(monkeypatch, tmp_path, settings)
+    launch = LaunchSettings.declared(settings, MASTER)
+    assert declared == ["flock", QUEUE_LOCK, *train_command(launch, f"{MODELS_DIR}/run-a")]
+    submitted, job_id = _submitted(monkeypatch, tmp_path, {**STACK, "master_url": MASTER})
+    sha = submitted[submitted.index("--job-dir") + 1].rsplit("/", 1)[-1]
+    params = submitted[submitted.index("--job-params") + 1]
+    launch = LaunchSettings.submitted(
+        {**STACK, "master_url": MASTER}, job_sha=sha, job_params=params, job_env=""
+    )
+    run_dir = f"{MODELS_DIR}/{job_id}"
+    assert submitted == queued_command(launch, run_dir, f"trainstack-{job_id}", install=False)
+    assert submitted[submitted.index("--") + 1 :] == train_command(
+        launch, run_dir, app_name=f"trainstack-{job_id}"
+    )
