@@ -49,10 +49,11 @@ def cli(stack: Stack, *args: str, timeout: int = 900) -> subprocess.CompletedPro
     )  # fmt: skip
 
 
-def run_job(stack: Stack) -> dict[str, Any]:
-    """Submit the digits example, wait for its end; its times from the submit."""
+def run_job(stack: Stack, example: Path = EXAMPLE, *args: str) -> dict[str, Any]:
+    """Submit a job (the digits example by default), wait for its end; its times from the
+    submit."""
     submitted = time.time()
-    proc = cli(stack, "submit", str(EXAMPLE))
+    proc = cli(stack, "submit", str(example), *args)
     if proc.returncode != 0:
         raise SystemExit(f"submit failed: {proc.stderr}")
     job_id = proc.stdout.strip()
@@ -78,6 +79,8 @@ def run_job(stack: Stack) -> dict[str, Any]:
         ),
         "time_split": split,
         "accuracy": result.get("accuracy"),
+        "train_seconds": result.get("train_seconds"),
+        "samples_per_second": result.get("samples_per_second"),
     }
 
 

@@ -3,6 +3,9 @@
 
     python bench/bench_training.py --out bench-training.json
 
+`--job examples/digits-torch --job-env <site with torch>` measures the torch MLP the same way
+(the site: `tests/training/conftest.py`'s overlay, under ~/.cache/trainstack/test-overlays).
+
 Measures, in Spark local mode on this machine, side by side in one run and on the same data
 (generated digits, `--train-rows` rows, written once):
   * scaling: for each setting in `--settings`, samples/s (training steps only) of
@@ -39,8 +42,13 @@ BASE_LR = 1e-3
 BASE_BATCH = 32
 
 
+EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
+# The job every run trains (--job, --job-env): the digits MLP by default, in TensorFlow.
+JOB: list[str] = ["--job-dir", str(EXAMPLES / "digits")]
+
+
 def run_job(args: list[str], out: Path) -> dict[str, Any]:
-    job = ["--job-dir", str(Path(__file__).resolve().parents[1] / "examples" / "digits")]
+    job = JOB
     cmd = [sys.executable, "-m", "trainstack_training", *job, *args, "--output", str(out)]
     cmd.append("--no-plot")
     start = time.perf_counter()
@@ -237,7 +245,14 @@ def main() -> int:
     parser.add_argument("--data-master", default="local[2]")
     parser.add_argument("--driver-memory", default="4g")
     parser.add_argument("--workdir", default="", help="scratch directory (default: a temp dir)")
+    parser.add_argument(
+        "--job", default=str(EXAMPLES / "digits"), help="the job directory every run trains"
+    )
+    parser.add_argument(
+        "--job-env", default="", help="its packages' site directory (e.g. torch's, for a torch job)"
+    )
     args = parser.parse_args()
+    JOB[:] = ["--job-dir", args.job, *(["--job-env", args.job_env] if args.job_env else [])]
 
     from trainstack_training.data import generate_digits
 
@@ -254,6 +269,7 @@ def main() -> int:
             "platform": platform.platform(),
         },
         "workload": {
+            "job": args.job,
             "train_rows_generated": args.train_rows,
             "epochs": args.epochs,
             "workers": args.workers,

@@ -35,12 +35,18 @@ def _job(tmp_path: Path, manifest: str, files: dict[str, str]) -> Path:
 
 @pytest.mark.parametrize(
     ("example", "mode", "entry"),
-    [("digits", "simple", "model.py"), ("digits-cnn", "full", "cnn.py")],
+    [
+        ("digits", "simple", "model.py"),
+        ("digits-cnn", "full", "cnn.py"),
+        ("digits-torch", "simple", "model.py"),
+        ("digits-torch-cnn", "full", "cnn.py"),
+    ],
 )
 def test_the_examples_are_valid_jobs(example, mode, entry):
     spec = load_spec(EXAMPLES / example)
     assert (spec.mode, spec.entry_file) == (mode, entry)
     assert spec.params
+    assert spec.framework == ("torch" if "torch" in example else "tensorflow")
 
 
 def test_params_from_the_stack_override_the_manifest():
@@ -90,6 +96,22 @@ BAD = [
     ('[job]\nentry = "m"\ndata = "t.csv"\n', {"m.py": "def train(c): ..."}, "does not exist"),
     ('[job]\nentry = "m"\ndata = "../x.csv"\n', {"m.py": "def train(c): ..."}, "leaves the job"),
     ('[job]\nentry = "m"\ndata = "ftp://h/x"\n', {"m.py": "def train(c): ..."}, "URL schemes"),
+    (
+        '[job]\nentry = "m"\nframework = "jax"\n',
+        {"m.py": "def train(c): ..."},
+        "framework = 'jax': allowed are 'tensorflow', 'torch'",
+    ),
+    (
+        '[job]\nentry = "m"\nframework = "torch"\n',
+        {"m.py": "def train(c): ..."},
+        'framework = "torch", but it has no requirements; the nodes install torch',
+    ),
+    (
+        '[job]\nentry = "m"\nframework = "torch"\nrequirements = "r.txt"\n',
+        {"m.py": "def train(c): ...", "r.txt": "torchvision\n# torch\n"},
+        "r.txt does not list torch; the nodes install torch from the job's packages: add "
+        "torch==2.15.0",
+    ),
 ]
 
 
@@ -184,6 +206,9 @@ def test_a_lost_peer_is_a_cluster_failure_not_the_users_error(tmp_path):
     assert str(excinfo.value) == "fit failed: the collective lost a peer"
     assert type(excinfo.value.__cause__) is unavailable
     assert is_cluster_failure(unavailable("x"))
+    # torch.distributed's: gloo's "Connection closed by peer" is a DistBackendError.
+    backend = type("DistBackendError", (RuntimeError,), {"__module__": "torch.distributed"})
+    assert is_cluster_failure(backend("Connection closed by peer"))
     assert not is_cluster_failure(type("UnavailableError", (Exception,), {})("mine"))
     with pytest.raises(UserCodeError, match=r"your code failed: KeyError: 'k'"):
         call_user(spec, lambda: {}["k"])

@@ -73,6 +73,13 @@ class TrainConfig:
             "no collectives"
         },
     )
+    gpus_per_worker: int = field(
+        default=0,
+        metadata={
+            "help": "GPUs each worker's barrier task asks Spark for (spark.task.resource.gpu."
+            "amount); a torch job trains on them with NCCL. 0 = CPU only"
+        },
+    )
     steps_per_execution: int = field(
         default=1,
         metadata={"help": "training steps per tf.function call (Keras steps_per_execution)"},
@@ -239,6 +246,10 @@ class TrainConfig:
         checks: list[tuple[bool, str]] = [
             (self.workers >= 1, f"workers={self.workers}: must be >= 1"),
             (self.epochs >= 1, f"epochs={self.epochs}: must be >= 1"),
+            (
+                self.gpus_per_worker >= 0,
+                f"gpus_per_worker={self.gpus_per_worker}: must be >= 0 (0 = CPU only)",
+            ),
             (self.batch_size >= 1, f"batch_size={self.batch_size}: must be >= 1"),
             (self.learning_rate > 0, f"learning_rate={self.learning_rate}: must be > 0"),
             (self.rows >= 0, f"rows={self.rows}: must be >= 0 (0 = the data set as it is)"),

@@ -216,6 +216,8 @@ def load_spec(directory: str | Path, params: dict[str, Any] | None = None) -> Jo
             f"{MANIFEST}: [job] framework = {framework!r}: allowed are "
             f"{', '.join(repr(f) for f in FRAMEWORKS)} (TensorFlow when left out)",
         )
+    if framework == TORCH:
+        _check_torch_listed(directory, str(requirements or ""))
     merged = {
         **_check_params(directory, values.get("params", {}), "[params]"),
         **_check_params(directory, params or {}, "the stack's job parameters"),
@@ -235,6 +237,25 @@ def load_spec(directory: str | Path, params: dict[str, Any] | None = None) -> Jo
         metric=metric,
         framework=framework,
     )
+
+
+def _check_torch_listed(directory: Path, requirements: str) -> None:
+    """A torch job brings torch in its requirements file: the nodes' image has none (it is
+    installed once per lock into the packages overlay, docs/jobs.md)."""
+    names = set()
+    if requirements:
+        for line in (directory / requirements).read_text().splitlines():
+            line = line.split("#", 1)[0].strip()
+            if line and not line.startswith("-"):
+                names.add(re.split(r"[\s\[<>=!~;@]", line, maxsplit=1)[0].lower())
+    if "torch" not in names:
+        where = f"{requirements} does not list torch" if requirements else "it has no requirements"
+        raise _fail(
+            directory,
+            f'{MANIFEST}: [job] framework = "torch", but {where}; the nodes install torch from '
+            "the job's packages: add torch==2.15.0 to a requirements file and name it "
+            '(requirements = "requirements.txt")',
+        )
 
 
 def _check_task(directory: Path, job: dict[str, Any]) -> tuple[str, str, str]:

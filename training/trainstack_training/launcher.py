@@ -26,7 +26,7 @@ from trainstack_training.config import TrainConfig
 from trainstack_training.data import DataInfo, prepare
 from trainstack_training.epochs import EPOCH_LOG
 from trainstack_training.frameworks import model_file
-from trainstack_training.job import ERROR_FILE, apply_manifest, recorded_error
+from trainstack_training.job import ERROR_FILE, TORCH, apply_manifest, recorded_error
 from trainstack_training.ranklog import RankLog
 from trainstack_training.spark import (
     CancelOnInterrupt,
@@ -92,6 +92,7 @@ def barrier_task(cfg_json: str, info_json: str) -> Any:
                 attempt=attempt,
                 host=host,
                 started=started,
+                gpus=list(ctx.resources()["gpu"].addresses) if cfg.gpus_per_worker else [],
             )
         yield json.dumps(asdict(result))
 
@@ -143,6 +144,11 @@ def run(cfg: TrainConfig) -> dict[str, Any]:
         cfg.job_dir = str(Path(cfg.job_dir).resolve())
     spec = job_spec(cfg)
     apply_manifest(cfg, spec)  # its label and task, for the data stage
+    if cfg.gpus_per_worker and spec.framework != TORCH:
+        raise ClusterError(
+            f"gpus_per_worker={cfg.gpus_per_worker}: GPUs train torch jobs only; the nodes run "
+            "TensorFlow's CPU build (set gpus_per_worker=0 for this job)"
+        )
     out = Path(cfg.output).resolve()
     out.mkdir(parents=True, exist_ok=True)
     cfg.output = str(out)  # the tasks need the absolute shared path
@@ -229,6 +235,7 @@ def run(cfg: TrainConfig) -> dict[str, Any]:
         metrics["started_at"] = started_at  # wall clock, as first_step_at
         # Where the job's Spark application came from: its own, or the warm runner's.
         metrics["spark_application"] = attached.mode if attached else "own"
+        metrics["framework"] = spec.framework
         metrics["job_phases"] = {**phases, **info.phases}
         # The data stage's own work: its time less the Spark start-up done inside it.
         data_work = (

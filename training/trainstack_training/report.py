@@ -140,6 +140,12 @@ SPLIT_PARTS = (
 )
 
 
+# A rank's start-up timings (frameworks' timing breakdowns): TensorFlow's and torch's.
+STARTUP_TIMINGS = (
+    "import_tf", "import_torch", "strategy_setup", "process_group", "load_shards", "build_model",
+)  # fmt: skip
+
+
 def time_split(
     total: float,
     before_barrier: float,
@@ -167,10 +173,7 @@ def time_split(
             ("spark_startup", last.get("task_launch", 0.0)),
             (
                 "tensorflow_startup",
-                sum(
-                    last.get(k, 0.0)
-                    for k in ("import_tf", "strategy_setup", "load_shards", "build_model")
-                ),
+                sum(last.get(k, 0.0) for k in STARTUP_TIMINGS),
             ),
             ("training", last.get("fit", 0.0)),
             ("finish", last.get("save_model", 0.0)),
@@ -235,6 +238,7 @@ def write_plot(metrics: dict[str, Any], path: Path) -> None:
 def summary(metrics: dict[str, Any]) -> dict[str, Any]:
     """The CLI's last line: the numbers a caller needs, without the per-epoch series."""
     keys = (
+        "framework",
         "task",
         "metric",
         "metric_value",

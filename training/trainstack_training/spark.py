@@ -108,6 +108,11 @@ def context_settings(cfg: TrainConfig) -> dict[str, str]:
         settings["spark.pyspark.python"] = sys.executable
         settings["spark.pyspark.driver.python"] = sys.executable
         settings["spark.ui.enabled"] = "false"
+    if cfg.gpus_per_worker > 0:
+        # Spark's GPU scheduling (standalone: the workers discover their GPUs with
+        # spark.worker.resource.gpu.discoveryScript); each barrier task gets its addresses.
+        settings["spark.task.resource.gpu.amount"] = str(cfg.gpus_per_worker)
+        settings["spark.executor.resource.gpu.amount"] = str(cfg.gpus_per_worker)
     if cfg.runner_keep_alive > 0:
         # In the warm runner, a task's worker is forked from a daemon that has imported
         # TensorFlow once (its runtime not started): it starts with the import paid

@@ -36,6 +36,7 @@ def run_worker(
     attempt: int,
     host: str = "localhost",
     started: float = 0.0,
+    gpus: list[str] | None = None,
 ) -> WorkerResult:
     """Run the job's code on this rank's shard with its framework's backend; the chief saves.
     An error in the job's code is recorded on shared storage (a retried stage fails again at
@@ -46,7 +47,7 @@ def run_worker(
     if earlier:  # a retry of a stage whose code failed: the same code fails the same way
         raise UserCodeError(earlier)
     marks = {"task_start": started or time.time()}
-    run = RankRun(cfg, info, spec, task_index, peers, cores, attempt, host, marks)
+    run = RankRun(cfg, info, spec, task_index, peers, cores, attempt, host, marks, gpus=gpus or [])
     backend = backend_for(spec.framework)
     backend.configure(run)  # before the framework starts its threads and runtime
     if cfg.pin_cores:

@@ -44,6 +44,7 @@ class RankRun:
     host: str
     marks: dict[str, float]
     watchdog: Watchdog | None = None
+    gpus: list[str] = field(default_factory=list)  # the GPU addresses Spark gave the task
 
     @property
     def out(self) -> Path:

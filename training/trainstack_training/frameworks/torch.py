@@ -37,7 +37,7 @@ from trainstack_training.frameworks.base import (
 from trainstack_training.job import JobContext, UserCodeError, call_user
 
 CHECKPOINT = "torch-checkpoint.pt"  # in checkpoint_dir: model, optimizer and epoch
-SCRIPTED_FILE = "model.torchscript.pt"  # beside model.pt, when the model scripts
+EXPORTED_FILE = "model.pt2"  # beside model.pt, when torch.export can trace the model
 # How long a collective may wait for a peer before the process group fails (then Spark
 # retries the stage); TorchDistributor leaves torch's default (30 minutes for gloo).
 COLLECTIVE_TIMEOUT_S = 300
@@ -69,7 +69,7 @@ class TorchBackend(Backend):
     def run(self, run: RankRun, module: Any, framework: Any) -> WorkerResult:
         torch = framework
         torch.manual_seed(run.cfg.seed)  # the same initial weights on every rank
-        device = torch.device("cpu")
+        device = rank_device(torch, run)
         distributed = run.cfg.workers > 1
         if distributed:
             torch.distributed.init_process_group(
@@ -121,6 +121,20 @@ class TorchBackend(Backend):
         ctx._save = lambda model: save_model(ctx, model)
         Path(ctx.checkpoint_dir).mkdir(parents=True, exist_ok=True)
         return ctx, reporter
+
+
+def rank_device(torch: Any, run: RankRun) -> Any:
+    """The rank's device: the first GPU Spark gave its task, else the CPU."""
+    if not run.gpus:
+        return torch.device("cpu")
+    if not torch.cuda.is_available():
+        raise RuntimeError(
+            f"Spark gave rank {run.rank} GPU {run.gpus[0]} on {run.host}, but torch sees no "
+            "CUDA device there (driver or container GPU access missing)"
+        )
+    device = torch.device(f"cuda:{run.gpus[0]}")
+    torch.cuda.set_device(device)
+    return device
 
 
 def import_torch(cores: int, env_site: str = "") -> Any:
@@ -210,12 +224,12 @@ class Tensors:
         self, torch: Any, device: Any, regression: bool, x: Any, y: Any, x_val: Any, y_val: Any
     ) -> None:
         def labels(values: Any) -> Any:
-            t = torch.as_tensor(values)
+            t = torch.tensor(values)  # a copy: the arrays are read-only memory maps
             return t.float().reshape(-1, 1) if regression else t.long()
 
-        self.x = torch.as_tensor(x).float().to(device)
+        self.x = torch.tensor(x).float().to(device)
         self.y = labels(y).to(device)
-        self.x_val = torch.as_tensor(x_val).float().to(device)
+        self.x_val = torch.tensor(x_val).float().to(device)
         self.y_val = labels(y_val).to(device)
         self.regression = regression
 
@@ -326,19 +340,21 @@ def resume(ctx: JobContext, model: Any, optimizer: Any) -> int:
 
 
 def save_model(ctx: JobContext, model: Any) -> None:
-    """The chief saves the model's state_dict (model.pt) and, where the model scripts,
-    TorchScript beside it; the other ranks save nothing (DDP keeps the replicas equal)."""
+    """The chief saves the model's state_dict (model.pt) and, where torch.export traces it on
+    a validation row, the exported program beside it (model.pt2, loadable without the job's
+    code: torch.export.load); the other ranks save nothing (DDP keeps the replicas equal)."""
     if not ctx.is_chief:
         return
     torch = ctx.torch
     inner = getattr(model, "module", model)  # a DistributedDataParallel's model
     torch.save(inner.state_dict(), ctx.model_path)
-    scripted = Path(ctx.model_path).with_name(SCRIPTED_FILE)
+    exported = Path(ctx.model_path).with_name(EXPORTED_FILE)
     try:
-        torch.jit.script(inner).save(str(scripted))
-    except Exception as exc:  # not every model scripts: the state_dict is the model then
-        scripted.unlink(missing_ok=True)
-        print(f"no TorchScript copy of the model ({type(exc).__name__})", flush=True)
+        example = torch.tensor(ctx.x_val[:2]).float().to(ctx.device)
+        torch.export.save(torch.export.export(inner.eval(), (example,)), str(exported))
+    except Exception as exc:  # not every model exports: the state_dict is the model then
+        exported.unlink(missing_ok=True)
+        print(f"no exported copy of the model ({type(exc).__name__}: {exc})"[:300], flush=True)
 
 
 def fault_due(run: RankRun, epoch: int) -> bool:
