@@ -50,8 +50,9 @@ def training_settings(
 ) -> dict[str, Any]:
     """The training job's launch settings (what `trainstack-train` gets); `job_sha`: the
     packed job directory's content digest (infra.jobs.pack); `data`: the job's data set
-    (job_data), else the stack's."""
-    return {
+    (job_data), else the stack's. `gpus_per_worker` only when GPUs are asked for: a stack
+    without them keeps its settings, and so its trigger, as they were."""
+    settings: dict[str, Any] = {
         "job_sha": job_sha,
         "job_params": json.dumps(config.job_params_dict, sort_keys=True),
         "workers": config.training_workers,
@@ -66,6 +67,9 @@ def training_settings(
         "runner_keep_alive": int(config.runner_keep_alive_seconds),
         "runner_yield": bool(config.runner_yield),
     }
+    if config.gpus_per_worker > 0:
+        settings["gpus_per_worker"] = config.gpus_per_worker
+    return settings
 
 
 # Settings of the declared job alone, not defaults of a submitted one (jobDefaults).

@@ -51,6 +51,10 @@ class NodeSpec:
     ui_port: int | None = None  # host port for the Spark master UI; 0: the engine picks
     monitoring_port: int | None = None  # host port for Prometheus's UI; 0: the engine picks
     volumes: dict[str, str] = field(default_factory=dict)  # volume suffix -> mount path
+    # GPUs: how many its Spark worker must find (0: no GPU scheduling, nothing in its
+    # config), and the docker target's container `gpus` ("" = none, "all", "device=0,1").
+    gpus: int = 0
+    container_gpus: str = ""
 
     @property
     def is_master(self) -> bool:
@@ -91,6 +95,7 @@ def plan(config: StackConfig) -> list[NodeSpec]:
             )
         )
     for i in range(1, config.workers + 1):
+        container_gpus, gpus = config.docker_worker_gpus(i)
         nodes.append(
             NodeSpec(
                 key=f"worker-{i}",
@@ -98,6 +103,8 @@ def plan(config: StackConfig) -> list[NodeSpec]:
                 roles=("spark_worker", "tensorflow"),
                 cpus=config.worker_cpus,
                 memory=config.worker_memory,
+                gpus=gpus,
+                container_gpus=container_gpus,
             )
         )
     return nodes
@@ -121,6 +128,7 @@ def server_plan(config: StackConfig, servers: Sequence[Server]) -> list[NodeSpec
                 cpus=config.control_cpus if control else config.worker_cpus,
                 memory=config.control_memory if control else config.worker_memory,
                 zookeeper_id=zookeeper_id if "zookeeper" in server.roles else None,
+                gpus=server.gpus,
             )
         )
     return nodes
@@ -219,6 +227,8 @@ def inventory(
         if "spark_worker" in node.roles:
             host["trainstack_spark_worker_cores"] = config.worker_spark_cores
             host["trainstack_spark_worker_memory"] = config.worker_spark_memory
+            if node.gpus:  # only then: a node without GPUs keeps its inventory as it was
+                host["trainstack_spark_worker_gpus"] = node.gpus
         groups[node.group]["hosts"][node.key] = host
         for role in node.roles:
             groups[role]["hosts"][node.key] = {}

@@ -239,6 +239,72 @@ def _target(c: StackValues) -> str | None:
     return None
 
 
+# A GPU as Docker names it: an index (0) or a UUID (GPU-3a23c669-..., MIG-...).
+_GPU_DEVICE = re.compile(r"^(?:[0-9]+|(?:GPU|MIG)-[0-9a-fA-F][0-9a-fA-F-]*)$")
+
+
+def _gpus_per_worker(c: StackValues) -> str | None:
+    """GPUs a training worker asks for, and where the workers offer them."""
+    n = c.gpus_per_worker
+    if n < 0:
+        return (
+            f"{_key('gpus_per_worker')}: {n} is not a GPU count; allowed is 0 (CPU only) or "
+            "the number of GPUs each training worker uses (1 or more)"
+        )
+    if n == 0:
+        return None
+    if c.target == "docker" and not _docker_gpus(c) and c.workers >= 1:
+        gpus, found = c.docker_worker_gpus(1)
+        if not gpus:
+            return (
+                f"{_key('gpus_per_worker')}: {n} needs GPUs in the worker containers, but "
+                f"{_key('docker_gpus')} is not set; set it to all or to device ids (e.g. 0,1), "
+                "or set gpusPerWorker 0"
+            )
+        if found < n:
+            return (
+                f"{_key('gpus_per_worker')}: {n} is more than the {found} GPU(s) "
+                f"{_key('docker_gpus')} {c.docker_gpus!r} gives each of the {c.workers} "
+                f"workers; allowed is 0..{found}"
+            )
+    if c.target == "ssh":
+        trainers = [s for s in c.servers if "tensorflow" in s.roles]
+        short = [f"{s.name} ({s.gpus})" for s in trainers if s.gpus < n]
+        if short:
+            return (
+                f"{_key('gpus_per_worker')}: {n} GPU(s) per training worker is more than the "
+                f"tensorflow server(s) {', '.join(short)} declare in their entries' gpus; "
+                f"give each tensorflow server gpus {n} or more, or lower gpusPerWorker"
+            )
+    return None
+
+
+def _docker_gpus(c: StackValues) -> str | None:
+    text = str(c.docker_gpus).strip()
+    if not text:
+        return None
+    if c.target != "docker":
+        return (
+            f"{_key('docker_gpus')}: {c.docker_gpus!r} is for the docker target's containers; "
+            f"{_key('target')} is {c.target!r} (on ssh, give a server entry gpus)"
+        )
+    if text.lower() == "all" or c.workers < 1:  # workers < 1: reported by its own check
+        return None
+    devices = c.docker_gpu_devices
+    if not all(_GPU_DEVICE.match(d) for d in devices) or len(set(devices)) != len(devices):
+        return (
+            f"{_key('docker_gpus')}: {c.docker_gpus!r} is not a GPU list; allowed is all or "
+            "distinct device indices or UUIDs separated by commas (e.g. 0,1)"
+        )
+    if len(devices) % c.workers:
+        return (
+            f"{_key('docker_gpus')}: {c.docker_gpus!r} lists {len(devices)} GPU(s) for "
+            f"{c.workers} workers; allowed is all or a multiple of {_key('workers')} "
+            "(each worker gets as many, in order)"
+        )
+    return None
+
+
 def _rotate_token(c: StackValues) -> str | None:
     if c.rotate_secrets and not re.match(r"^[A-Za-z0-9._:-]{1,64}$", c.rotate_secrets):
         return (
@@ -294,6 +360,8 @@ CHECKS: list[Callable[[StackValues], str | None]] = [
     _runner_keep_alive,
     _target,
     _server_list,
+    _docker_gpus,
+    _gpus_per_worker,
     *aws.CHECKS,
     _rotate_token,
 ]

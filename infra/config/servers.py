@@ -42,6 +42,7 @@ class Server:
     port: int = 22
     private_key_file: str = ""
     node_address: str = ""
+    gpus: int = 0  # NVIDIA GPUs its Spark worker offers (spark.worker.resource.gpu.*)
 
     @property
     def reach(self) -> str:
@@ -52,8 +53,9 @@ class Server:
         return "workers" if "spark_worker" in self.roles else "control"
 
     def as_dict(self) -> dict[str, Any]:
-        """The record as the config key and the aws target's outputs spell it."""
-        return {
+        """The record as the config key and the aws target's outputs spell it (`gpus` only
+        when it has some: a server's record, an input of its facts probe, stays as it was)."""
+        record: dict[str, Any] = {
             "name": self.name,
             "address": self.address,
             "nodeAddress": self.node_address,
@@ -62,6 +64,9 @@ class Server:
             "privateKeyFile": self.private_key_file,
             "roles": list(self.roles),
         }
+        if self.gpus:
+            record["gpus"] = self.gpus
+        return record
 
 
 _SERVER_FIELDS = {
@@ -72,6 +77,7 @@ _SERVER_FIELDS = {
     "user": "user",
     "privateKeyFile": "private_key_file",
     "roles": "roles",
+    "gpus": "gpus",
 }
 _SERVER_REQUIRED = ("name", "address", "user", "roles")
 
@@ -165,6 +171,19 @@ def _server_entry(key: str, entry: Any, errors: list[str]) -> Server | None:
             problems.append(f"{key}.roles: {role!r} is not a role; allowed: {', '.join(ROLES)}")
     if len(set(roles)) != len(roles):
         problems.append(f"{key}.roles: {list(roles)!r} names a role twice")
+    gpus = entry.get("gpus", 0)
+    if isinstance(gpus, str) and gpus.strip().isdigit():
+        gpus = int(gpus)
+    if isinstance(gpus, bool) or not isinstance(gpus, int) or gpus < 0:
+        problems.append(
+            f"{key}.gpus: {entry.get('gpus')!r} is not a GPU count; allowed is 0 or more "
+            "(the server's NVIDIA GPUs its Spark worker offers)"
+        )
+    elif gpus and "spark_worker" not in roles:
+        problems.append(
+            f"{key}.gpus: {gpus} on a server without the role spark_worker; only a Spark "
+            "worker offers GPUs, so allowed here is 0"
+        )
     if problems:
         errors.extend(problems)
         return None
@@ -176,6 +195,7 @@ def _server_entry(key: str, entry: Any, errors: list[str]) -> Server | None:
         port=port,
         private_key_file=key_file,
         node_address=entry.get("nodeAddress", ""),
+        gpus=gpus,
     )
 
 

@@ -58,6 +58,10 @@ class StackValues:
     train_data: str = ""
     train_rows: int = 0
     train_strategy: str = "multi-worker"
+    # GPUs (docs/targets.md, GPUs): each training worker's barrier task asks Spark for this
+    # many (trainstack-train --gpus-per-worker); 0 = CPU only. The workers offer them: the ssh
+    # target's servers by their entries' `gpus`, the docker target's containers by dockerGpus.
+    gpus_per_worker: int = 0
     retrain: str = ""
     # The warm runner (docs/jobs.md): a Spark application that outlives a job on the submitting
     # node and gives the cluster's cores back after this long without a job; "0" = each job
@@ -76,6 +80,10 @@ class StackValues:
     # Targets (docs/targets.md): only docker is selectable.
     target: str = "docker"
     servers: tuple[Server, ...] = ()  # the ssh target's server list
+    # The docker target's worker containers get the workstation's NVIDIA GPUs: "" (none),
+    # "all" (every worker sees every GPU) or device ids ("0,1": dealt out in order, each worker
+    # as many).
+    docker_gpus: str = ""
     # The aws target, on paper: tested under Pulumi's mocks only.
     aws_region: str = "us-east-1"
     aws_operator_cidr: str = ""
@@ -143,6 +151,29 @@ class StackValues:
                 '{"learning_rate": 0.01}'
             )
         return value
+
+    @property
+    def docker_gpu_devices(self) -> tuple[str, ...]:
+        """dockerGpus's device ids, in order; () for "" and "all"."""
+        text = str(self.docker_gpus).strip()
+        if text.lower() in ("", "all"):
+            return ()
+        return tuple(part.strip() for part in text.split(","))
+
+    def docker_worker_gpus(self, index: int) -> tuple[str, int]:
+        """The GPUs of the docker target's worker `index` (1-based): the container's `gpus`
+        ("" = none, "all", or "device=<ids>") and how many its Spark worker must find (0: no
+        GPU scheduling). With "all", gpusPerWorker and at least 1: a Spark worker offers every
+        GPU its discovery script finds, and fails to start with fewer than this."""
+        text = str(self.docker_gpus).strip()
+        if not text:
+            return "", 0
+        if text.lower() == "all":
+            return "all", max(self.gpus_per_worker, 1)
+        devices = self.docker_gpu_devices
+        each = max(len(devices) // max(self.workers, 1), 1)
+        mine = devices[(index - 1) * each : index * each]
+        return ("device=" + ",".join(mine), len(mine)) if mine else ("", 0)
 
     @property
     def training_workers(self) -> int:

@@ -46,6 +46,7 @@ class LaunchSettings:
     cores_per_worker: int = 1
     runner_keep_alive: int | None = None  # seconds, 0 = off
     runner_yield: bool = True  # False: --no-runner-yield
+    gpus_per_worker: int = 0  # GPUs each worker's task asks Spark for; 0 leaves the flag out
 
     @classmethod
     def declared(cls, settings: Mapping[str, Any], master_url: str) -> LaunchSettings:
@@ -69,6 +70,7 @@ class LaunchSettings:
             cores_per_worker=int(settings.get("cores_per_worker") or 1),
             runner_keep_alive=int(keep_alive) if keep_alive else None,
             runner_yield=settings.get("runner_yield") is not False,  # absent: True
+            gpus_per_worker=int(settings.get("gpus_per_worker") or 0),
         )
 
     @classmethod
@@ -93,6 +95,7 @@ class LaunchSettings:
             cores_per_worker=int(settings["cores_per_worker"]),
             runner_keep_alive=int(settings.get("runner_keep_alive") or 0),
             runner_yield=bool(settings.get("runner_yield", True)),
+            gpus_per_worker=int(settings.get("gpus_per_worker") or 0),
         )
 
 
@@ -119,6 +122,8 @@ def train_command(
         command += ["--job-env", s.job_env]
     if s.strategy is not None:
         command += ["--train-strategy", s.strategy, "--cores-per-worker", str(s.cores_per_worker)]
+    if s.gpus_per_worker > 0:  # else CPU only, trainstack-train's default
+        command += ["--gpus-per-worker", str(s.gpus_per_worker)]
     if app_name:
         command += ["--app-name", app_name]
     if s.runner_keep_alive is not None:

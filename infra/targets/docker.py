@@ -338,6 +338,9 @@ class Node(pulumi.ComponentResource):
             init=True,
             ports=ports,
             mounts=mounts,
+            # The workstation's NVIDIA GPUs (trainstack:dockerGpus); None: no input, so a
+            # stack without GPUs declares its containers as before.
+            gpus=spec.container_gpus or None,
             opts=pulumi.ResourceOptions(parent=self, depends_on=own_volumes),
         )
         self.container_id = container.id

@@ -28,6 +28,7 @@ echo "memory_kb=$(awk '/^MemTotal:/ {print $2}' /proc/meminfo 2>/dev/null || ech
 echo "disk_free_kb=$(df -Pk / 2>/dev/null | awk 'NR == 2 {print $4}')"
 echo "python3=$(command -v python3 || true)"
 if [ "$(id -u)" = 0 ] || sudo -n true 2>/dev/null; then echo "become=yes"; else echo "become=no"; fi
+echo "gpus=$(nvidia-smi --query-gpu=index --format=csv,noheader 2>/dev/null | grep -c . || true)"
 """
 
 
@@ -45,6 +46,7 @@ class Facts:
     disk_free_bytes: int
     python3: str
     become: bool
+    gpus: int = 0  # the NVIDIA GPUs nvidia-smi lists (0 without it)
 
     def as_dict(self) -> dict[str, Any]:
         return {
@@ -96,6 +98,7 @@ def parse_facts(text: str) -> Facts:
         disk_free_bytes=number("disk_free_kb") * 1024,
         python3=values.get("python3", ""),
         become=values.get("become") == "yes",
+        gpus=number("gpus"),
     )
 
 
@@ -119,6 +122,11 @@ def fit_errors(server: Server, facts: Facts, min_memory: int) -> list[str]:
         errors.append("has no python3, which Ansible needs: apt-get install python3")
     if not facts.become:
         errors.append(f"user {server.user} cannot sudo without a password, which the roles need")
+    if server.gpus > facts.gpus:
+        errors.append(
+            f"declares gpus {server.gpus}, but nvidia-smi lists {facts.gpus} GPU(s) there "
+            "(no NVIDIA driver, or fewer GPUs); install the driver or lower its gpus"
+        )
     return errors
 
 
