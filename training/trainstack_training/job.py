@@ -50,11 +50,16 @@ MANIFEST = "trainstack.toml"
 ERROR_FILE = ".job-error.json"  # in the run directory: the user's error, for retries and driver
 _MODULE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*$")
 _JOB_KEYS = (
-    "entry", "framework", "requirements", "progress_timeout", "data", "task", "label", "metric",
+    "entry", "framework", "strategy", "requirements", "progress_timeout", "data", "task",
+    "label", "metric",
 )  # fmt: skip
 # The frameworks a job may name (`framework = "torch"`); TensorFlow is the default.
 TENSORFLOW, TORCH = "tensorflow", "torch"
 FRAMEWORKS = (TENSORFLOW, TORCH)
+# How a torch job's simple mode distributes the model (`strategy = "fsdp"`): DDP replicates
+# it on every rank; FSDP shards its parameters, gradients and optimizer state across them.
+DDP, FSDP = "ddp", "fsdp"
+TORCH_STRATEGIES = (DDP, FSDP)
 # Data locations the cluster reads itself: a URL of these schemes or an absolute path.
 DATA_SCHEMES = ("http://", "https://", "file://", "hdfs://", "s3a://")
 # A rank with no finished batch, epoch or ctx.report for this long fails (watchdog.py).
@@ -92,6 +97,7 @@ class JobSpec:
     label: str = ""  # the label column; "" = the run's (label_col, "label" by default)
     metric: str = ""  # the metric shown first; "" = val_loss, else the first one logged
     framework: str = TENSORFLOW  # which backend trains it (trainstack_training.frameworks)
+    strategy: str = ""  # a torch job's: "ddp" (when "") or "fsdp"
 
 
 def _fail(directory: Path, what: str) -> JobError:
@@ -218,6 +224,19 @@ def load_spec(directory: str | Path, params: dict[str, Any] | None = None) -> Jo
         )
     if framework == TORCH:
         _check_torch_listed(directory, str(requirements or ""))
+    strategy = job.get("strategy", "")
+    if strategy != "" and (framework != TORCH or strategy not in TORCH_STRATEGIES):
+        allowed = ", ".join(repr(s) for s in TORCH_STRATEGIES)
+        raise _fail(
+            directory,
+            f"{MANIFEST}: [job] strategy = {strategy!r}: "
+            + (
+                f"allowed are {allowed} (a torch job's; DDP when left out)"
+                if framework == TORCH
+                else "a TensorFlow job's strategy is the stack's trainstack:trainStrategy; "
+                f'[job] strategy ({allowed}) is for framework = "torch"'
+            ),
+        )
     merged = {
         **_check_params(directory, values.get("params", {}), "[params]"),
         **_check_params(directory, params or {}, "the stack's job parameters"),
@@ -236,6 +255,7 @@ def load_spec(directory: str | Path, params: dict[str, Any] | None = None) -> Jo
         label=label,
         metric=metric,
         framework=framework,
+        strategy=str(strategy),
     )
 
 
