@@ -17,9 +17,9 @@ Used by `trainstack submit` (infra.jobs.commands) and the stack's declared job
 from __future__ import annotations
 
 import hashlib
-import io
 import json
 import os
+import secrets
 import shlex
 import shutil
 import subprocess
@@ -233,17 +233,24 @@ def _node_packages(node: Transport, python: str) -> dict[str, str]:
 
 def install_script(archive: str, env_dir: str, python: str) -> str:
     """The node-side install: once per lock (a lock file serialises concurrent submits),
-    offline, into a partial directory renamed into place when complete."""
+    offline, into a partial directory renamed into place when complete. `archive` is a
+    plain tar of wheels (pack_wheels); it and the partial directory are removed however the
+    script ends."""
     q = shlex.quote
     return f"""set -eu
 env={q(env_dir)}
+archive={q(archive)}
+partial=
+trap 'rm -f "$archive"; [ -z "$partial" ] || rm -rf "$partial"' EXIT
+trap 'exit 130' INT
+trap 'exit 143' TERM
 mkdir -p "$(dirname "$env")"
 exec 9>"$env.lock"
 flock -w {INSTALL_TIMEOUT_S} 9
 if [ ! -f "$env/.complete" ]; then
   partial="$env.partial.$$"
   rm -rf "$partial" && mkdir -p "$partial/wheels"
-  tar -xzf {q(archive)} -C "$partial/wheels"
+  tar -xf "$archive" -C "$partial/wheels"
   if ls "$partial"/wheels/*.whl >/dev/null 2>&1; then
     timeout {INSTALL_TIMEOUT_S} {q(python)} -m pip install --quiet --no-index --no-deps \\
       --disable-pip-version-check --target "$partial/site" "$partial"/wheels/*.whl
@@ -251,8 +258,16 @@ if [ ! -f "$env/.complete" ]; then
   mkdir -p "$partial/site" && rm -rf "$partial/wheels" && touch "$partial/.complete"
   rm -rf "$env" && mv -T "$partial" "$env"
 fi
-rm -f {q(archive)}
 """
+
+
+def pack_wheels(wheels: list[Path], archive: Path) -> None:
+    """Write `wheels` into the file `archive` as a plain tar: wheels are zip files, compressed
+    already (gzip would spend a core for nothing), and the tar is written to disk, never held
+    in memory (a PyTorch lock is about 3 GB)."""
+    with tarfile.open(archive, mode="w", format=tarfile.PAX_FORMAT) as tar:
+        for wheel in wheels:
+            tar.add(wheel, arcname=wheel.name)
 
 
 @dataclass(frozen=True)
@@ -286,13 +301,16 @@ def stage(node: Transport, env: Env, python: str, user: str) -> Staged:
                     f"{name} {have[name]}; pin {name}=={have[name]} in the requirements file"
                 )
             ship.append(wheel)
-        buffer = io.BytesIO()
-        with tarfile.open(fileobj=buffer, mode="w:gz") as tar:
-            for wheel in ship:
-                tar.add(wheel, arcname=wheel.name)
-        archive = f"{ENVS_DIR}/.{env.sha}.tar.gz"
-        node.run(["mkdir", "-p", ENVS_DIR], user=user)
-        node.put(archive, buffer.getvalue(), mode=0o644, user=user)
+        # A name of its own per staging: two submits of one lock never write one file, and
+        # each install script removes only the archive it was made with.
+        archive = f"{ENVS_DIR}/.{env.sha}.{secrets.token_hex(6)}.tar"
+        # The temporary tar beside the cached wheels (the same disk; /tmp may be memory).
+        near = env.wheels.parent if env.wheels.is_dir() else None
+        with tempfile.TemporaryDirectory(dir=near, prefix=".ship-") as tmp:
+            local = Path(tmp) / "wheels.tar"
+            pack_wheels(ship, local)
+            node.run(["mkdir", "-p", ENVS_DIR], user=user)
+            node.put_file(archive, local, mode=0o644, user=user)
     except TransportError as exc:
         raise EnvError(f"cannot ship the job's packages: {exc}") from None
     names = ", ".join(w.name.split("-")[0] for w in ship) or "nothing new"

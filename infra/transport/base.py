@@ -8,6 +8,8 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from collections.abc import Mapping
+from pathlib import Path
+from typing import BinaryIO
 
 from infra.errors import UserFacingError
 
@@ -24,6 +26,17 @@ def one_line(text: str, limit: int = 160) -> str:
     lines = [line.strip() for line in text.strip().splitlines() if line.strip()]
     line = lines[-1] if lines else ""
     return line if len(line) <= limit else line[: limit - 1] + "…"
+
+
+def open_local(node: str, path: str, local_path: str | Path) -> BinaryIO:
+    """The local file `local_path` open for reading, to be written to `path` on `node`;
+    TransportError naming both when it cannot be opened."""
+    try:
+        return open(local_path, "rb")  # the caller closes it
+    except OSError as exc:
+        raise TransportError(
+            f"{node}: cannot write {path} (cannot read {local_path}: {exc.strerror})"
+        ) from None
 
 
 class Transport(ABC):
@@ -69,6 +82,14 @@ class Transport(ABC):
     def put(self, path: str, data: bytes, mode: int = 0o644, user: str | None = None) -> None:
         """Write `data` to `path` on the node, with `mode`, owned by `user` (None: root).
         The directory must exist."""
+
+    def put_file(
+        self, path: str, local_path: str | Path, mode: int = 0o644, user: str | None = None
+    ) -> None:
+        """Copy the local file `local_path` to `path` on the node, like `put`, without
+        holding it in memory: for large files (a job's wheels). This default reads the file
+        and calls `put`; the docker and ssh transports stream it from disk instead."""
+        self.put(path, Path(local_path).read_bytes(), mode=mode, user=user)
 
     @abstractmethod
     def copy_command(self, path: str) -> str:

@@ -4,14 +4,15 @@ the docker SDK (`docker exec`, `get_archive`, `put_archive`)."""
 from __future__ import annotations
 
 import io
+import os
 import sys
 import tarfile
 import time
-from collections.abc import Mapping
-from pathlib import PurePosixPath
-from typing import Any
+from collections.abc import Iterator, Mapping
+from pathlib import Path, PurePosixPath
+from typing import Any, BinaryIO
 
-from infra.transport.base import Transport, TransportError, one_line
+from infra.transport.base import Transport, TransportError, one_line, open_local
 
 
 class EngineClient:
@@ -162,15 +163,28 @@ class DockerTransport(Transport):
             return extracted.read()
 
     def put(self, path: str, data: bytes, mode: int = 0o644, user: str | None = None) -> None:
-        container = self._container()
         target = PurePosixPath(path)
         archive = io.BytesIO()
         with tarfile.open(fileobj=archive, mode="w") as tar:
             info = tarfile.TarInfo(target.name)
             info.size, info.mode, info.mtime = len(data), mode, int(time.time())
             tar.addfile(info, io.BytesIO(data))
+        self._put_archive(path, archive.getvalue(), user)
+
+    def put_file(
+        self, path: str, local_path: str | Path, mode: int = 0o644, user: str | None = None
+    ) -> None:
+        # put_archive takes a stream: a one-member tar made as it is sent (the file read
+        # in chunks, never whole), which the engine unpacks into the directory.
+        with open_local(self.name, path, local_path) as source:
+            self._put_archive(path, _tar_of_one_file(PurePosixPath(path).name, source, mode), user)
+
+    def _put_archive(self, path: str, archive: bytes | Iterator[bytes], user: str | None) -> None:
+        container = self._container()
         try:
-            ok = container.put_archive(str(target.parent), archive.getvalue())
+            ok = container.put_archive(str(PurePosixPath(path).parent), archive)
+        except TransportError:
+            raise
         except Exception as exc:
             raise TransportError(
                 f"{self.name}: cannot write {path} ({one_line(str(exc), 160)})"
@@ -186,3 +200,23 @@ class DockerTransport(Transport):
 
     def copy_command(self, path: str) -> str:
         return f"docker cp {self.name}:{path} ."
+
+
+STREAM_CHUNK = 1 << 20
+
+
+def _tar_of_one_file(name: str, source: BinaryIO, mode: int) -> Iterator[bytes]:
+    """A tar archive holding the open file `source` as `name`, in chunks read as they are
+    sent."""
+    size = os.fstat(source.fileno()).st_size
+    info = tarfile.TarInfo(name)
+    info.size, info.mode, info.mtime = size, mode, int(time.time())
+    yield info.tobuf(tarfile.PAX_FORMAT, "utf-8", "surrogateescape")
+    left = size
+    while left > 0:
+        chunk = source.read(min(STREAM_CHUNK, left))
+        if not chunk:
+            raise TransportError(f"{source.name} became shorter while it was sent")
+        left -= len(chunk)
+        yield chunk
+    yield b"\0" * (-size % tarfile.BLOCKSIZE) + b"\0" * (2 * tarfile.BLOCKSIZE)

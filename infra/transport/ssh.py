@@ -17,7 +17,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import IO
 
-from infra.transport.base import Transport, TransportError, one_line
+from infra.transport.base import Transport, TransportError, one_line, open_local
 
 SSH_CONNECT_TIMEOUT_S = 10
 SSH_EXIT_CONNECTION = 255  # what ssh exits with when it failed itself (connection, host key)
@@ -98,13 +98,24 @@ class SshTransport(Transport):
     # Running.
 
     def _call(
-        self, remote: str, stdin: bytes | None = None, *, merge: bool = False
+        self,
+        remote: str,
+        stdin: bytes | None = None,
+        *,
+        merge: bool = False,
+        stdin_file: IO[bytes] | None = None,
     ) -> subprocess.CompletedProcess[bytes]:
+        """Run `remote` through ssh; its input: `stdin` (bytes), or `stdin_file` (an open
+        file, which ssh reads itself: nothing of it passes through this process), or none."""
+        if stdin_file is not None:
+            feed: IO[bytes] | int | None = stdin_file
+        else:
+            feed = subprocess.DEVNULL if stdin is None else None
         try:
             return subprocess.run(
                 self.ssh_argv(remote),
                 input=stdin if stdin is not None else None,
-                stdin=subprocess.DEVNULL if stdin is None else None,
+                stdin=feed,
                 stdout=subprocess.PIPE,
                 stderr=subprocess.STDOUT if merge else subprocess.PIPE,
                 check=False,
@@ -194,14 +205,28 @@ class SshTransport(Transport):
             )
         return proc.stdout or b""
 
-    def put(self, path: str, data: bytes, mode: int = 0o644, user: str | None = None) -> None:
+    @staticmethod
+    def put_command(path: str, mode: int = 0o644, user: str | None = None) -> str:
+        """The remote command line that writes its input to `path` (as `user` through sudo,
+        else root) and sets its mode."""
         as_user = ["-u", user] if user is not None else []
-        remote = (
+        return (
             shlex.join(["sudo", "-n", *as_user, "tee", "--", path])
             + " >/dev/null && "
             + shlex.join(["sudo", "-n", *as_user, "chmod", f"{mode:04o}", "--", path])
         )
-        proc = self._call(remote, data)
+
+    def put(self, path: str, data: bytes, mode: int = 0o644, user: str | None = None) -> None:
+        self._wrote(path, self._call(self.put_command(path, mode, user), data))
+
+    def put_file(
+        self, path: str, local_path: str | Path, mode: int = 0o644, user: str | None = None
+    ) -> None:
+        # The same command as `put`, its input the file itself (ssh streams it from disk).
+        with open_local(self.name, path, local_path) as source:
+            self._wrote(path, self._call(self.put_command(path, mode, user), stdin_file=source))
+
+    def _wrote(self, path: str, proc: subprocess.CompletedProcess[bytes]) -> None:
         self._connection_failed(proc, f"cannot write {path}")
         if proc.returncode != 0:
             said = one_line((proc.stderr or b"").decode(errors="replace"))

@@ -136,7 +136,7 @@ def test_stream_echoes_live_and_returns_stdout(node, capfd):
         assert line in echoed
 
 
-def test_put_and_fetch(node, server):
+def test_put_and_fetch(node, server, tmp_path):
     container, _, _ = server
     data = bytes(range(256)) * 40
     node.run(["install", "-d", "-o", "trainstack", "-m", "0700", "/srv/run 1"], user="root")
@@ -151,6 +151,14 @@ def test_put_and_fetch(node, server):
         node.fetch("/srv/run 1/gone")
     with pytest.raises(TransportError, match=r"wrk-1: cannot write /nowhere/f \(tee: "):
         node.put("/nowhere/f", b"x")
+    big = tmp_path / "wheels.tar"  # put_file: ssh reads the file itself (3 MiB and 263 bytes)
+    big.write_bytes(bytes(range(256)) * (3 * 4096 + 1) + b"7 bytes")
+    node.put_file("/srv/run 1/wheels.tar", big, mode=0o640, user="trainstack")
+    stat = container.exec_run(["stat", "-c", "%U %a", "/srv/run 1/wheels.tar"]).output
+    assert stat.decode().split() == ["trainstack", "640"]
+    assert node.fetch("/srv/run 1/wheels.tar") == big.read_bytes()
+    with pytest.raises(TransportError, match=r"wrk-1: cannot write /nowhere/f \(tee: "):
+        node.put_file("/nowhere/f", big)
 
 
 def test_a_wrong_or_unknown_host_key_is_refused(server, key, tmp_path):
@@ -186,7 +194,7 @@ def test_unreachable_port_is_one_line(key, tmp_path, server):
     assert said is not None and "Connection refused" in said and "\n" not in said
 
 
-def test_docker_transport_on_the_same_container(engine, server, capfd):
+def test_docker_transport_on_the_same_container(engine, server, capfd, tmp_path):
     container, _, _ = server
     node = DockerTransport(container.name, engine)
     assert node.unavailable() is None
@@ -204,6 +212,12 @@ def test_docker_transport_on_the_same_container(engine, server, capfd):
     stat = container.exec_run(["stat", "-c", "%U %a", "/srv/d/f.bin"]).output
     assert stat.decode().split() == ["trainstack", "600"]
     assert node.fetch("/srv/d/f.bin") == b"\x00\x01"
+    big = tmp_path / "wheels.tar"  # put_file: a tar streamed in chunks (3 MiB and 263 bytes)
+    big.write_bytes(bytes(range(256)) * (3 * 4096 + 1) + b"7 bytes")
+    node.put_file("/srv/d/wheels.tar", big, mode=0o640, user="trainstack")
+    stat = container.exec_run(["stat", "-c", "%U %a", "/srv/d/wheels.tar"]).output
+    assert stat.decode().split() == ["trainstack", "640"]
+    assert node.fetch("/srv/d/wheels.tar") == big.read_bytes()
     with pytest.raises(TransportError, match=f"{container.name}: cannot read /srv/d/gone"):
         node.fetch("/srv/d/gone")
     assert DockerTransport("tssshd-none", engine).unavailable().startswith("not on the engine")

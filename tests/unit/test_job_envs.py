@@ -6,8 +6,11 @@ from __future__ import annotations
 
 import base64
 import hashlib
+import shlex
+import shutil
 import subprocess
 import sys
+import tarfile
 import zipfile
 from pathlib import Path
 
@@ -146,6 +149,7 @@ class LocalNode:
 
     def __init__(self) -> None:
         self.commands: list[list[str]] = []
+        self.shipped: list[str] = []
 
     def run(self, argv, *, user=None, env=None, stdin=None):
         del user, env, stdin
@@ -156,6 +160,12 @@ class LocalNode:
     def put(self, path, data, mode=0o644, user=None):
         del user
         Path(path).write_bytes(data)
+        Path(path).chmod(mode)
+
+    def put_file(self, path, local_path, mode=0o644, user=None):
+        del user
+        self.shipped.append(path)
+        shutil.copyfile(local_path, path)
         Path(path).chmod(mode)
 
 
@@ -178,7 +188,7 @@ def test_the_overlay_is_installed_once_offline_without_what_the_node_has(tmp_pat
         capture_output=True, text=True, check=True,
     )  # fmt: skip
     assert hello.stdout.strip() == "hello from hellopkg 1.0"
-    assert not list((tmp_path / "envs").glob("*.tar.gz"))  # the shipped archive is removed
+    assert not list((tmp_path / "envs").glob(".*.tar"))  # the shipped archive is removed
     ran = len(node.commands)
     assert envs.install(node, env, sys.executable, user="nobody") == site
     assert len(node.commands) == ran + 1  # one existence check: no listing, no pip
@@ -193,11 +203,52 @@ def test_staging_ships_the_wheels_and_leaves_the_install_to_the_job(tmp_path, mo
     env = Env("c" * 64, ("hellopkg==1.0",), wheels)
     staged = envs.stage(LocalNode(), env, sys.executable, user="nobody")
     assert staged.site == env.site and staged.script
-    assert list((tmp_path / "envs").glob("*.tar.gz"))  # shipped
+    assert list((tmp_path / "envs").glob(".*.tar"))  # shipped
     assert not Path(staged.site).exists()  # not installed yet
     subprocess.run(["sh", "-c", staged.script], check=True)
     assert (Path(staged.site) / "hellopkg" / "__init__.py").is_file()
     assert envs.stage(LocalNode(), env, sys.executable, user="nobody").script == ""
+
+
+def test_the_wheels_ship_as_a_plain_tar_file_of_their_own_per_staging(tmp_path, monkeypatch):
+    """Wheels are zip files: no gzip around them. The archive is a file on this machine that
+    the transport streams (put_file), and each staging names its own on the node."""
+    monkeypatch.setattr(envs, "ENVS_DIR", str(tmp_path / "envs"))
+    wheels = tmp_path / "wheels"
+    make_wheel(wheels, "hellopkg", "1.0")
+    make_wheel(wheels, "otherpkg", "2.0")
+    env = Env("e" * 64, ("hellopkg==1.0", "otherpkg==2.0"), wheels)
+    node = LocalNode()
+    first = envs.stage(node, env, sys.executable, user="nobody")
+    second = envs.stage(node, env, sys.executable, user="nobody")
+    one, two = node.shipped
+    assert one != two and one.endswith(".tar") and Path(one).name.startswith(f".{'e' * 64}.")
+    assert Path(one).read_bytes()[:2] != b"\x1f\x8b"  # not gzip
+    with tarfile.open(one, mode="r:") as tar:  # "r:": uncompressed only
+        assert sorted(tar.getnames()) == ["hellopkg-1.0-py3-none-any.whl",
+                                          "otherpkg-2.0-py3-none-any.whl"]  # fmt: skip
+        assert tar.extractfile("hellopkg-1.0-py3-none-any.whl").read() == (  # type: ignore[union-attr]
+            (wheels / "hellopkg-1.0-py3-none-any.whl").read_bytes()
+        )
+    assert not list(wheels.parent.glob(".ship-*"))  # the local tar is gone once shipped
+    subprocess.run(["sh", "-c", first.script], check=True)
+    assert (Path(env.site) / "otherpkg" / "__init__.py").is_file()
+    assert Path(two).is_file()  # the other staging's archive is its own
+    subprocess.run(["sh", "-c", second.script], check=True)  # installed already: removes it
+    assert not Path(two).exists() and not list((tmp_path / "envs").glob(".*.tar"))
+
+
+def test_a_failed_install_leaves_neither_archive_nor_partial_overlay(tmp_path, monkeypatch):
+    monkeypatch.setattr(envs, "ENVS_DIR", str(tmp_path / "envs"))
+    wheels = tmp_path / "wheels"
+    make_wheel(wheels, "hellopkg", "1.0")
+    env = Env("f" * 64, ("hellopkg==1.0",), wheels)
+    staged = envs.stage(LocalNode(), env, sys.executable, user="nobody")
+    broken = staged.script.replace(f"{shlex.quote(sys.executable)} -m pip install", "false")
+    assert broken != staged.script
+    assert subprocess.run(["sh", "-c", broken], check=False).returncode != 0
+    left = sorted(p.name for p in (tmp_path / "envs").iterdir())
+    assert left == [f"{'f' * 64}.lock"]  # no archive, no partial directory, no overlay
 
 
 def test_a_wheel_at_another_version_than_the_nodes_is_refused(tmp_path, monkeypatch):

@@ -114,9 +114,12 @@ class FakeSsh:
     def __init__(self, code: int = 0, stdout: bytes = b"", stderr: bytes = b"") -> None:
         self.code, self.stdout, self.stderr = code, stdout, stderr
         self.calls: list[tuple[list[str], bytes | None]] = []
+        self.stdin_files: list[tuple[str, bytes]] = []  # (name, content) of a file as stdin
 
-    def __call__(self, argv, *, input=None, stderr=None, **_):
+    def __call__(self, argv, *, input=None, stderr=None, stdin=None, **_):
         self.calls.append((argv, input))
+        if hasattr(stdin, "read"):
+            self.stdin_files.append((stdin.name, stdin.read()))
         merged = stderr == subprocess.STDOUT
         out = self.stdout + (self.stderr if merged else b"")
         return subprocess.CompletedProcess(argv, self.code, out, None if merged else self.stderr)
@@ -152,6 +155,28 @@ def test_put_is_sudo_tee_with_stdin_then_chmod(monkeypatch):
     fake.code, fake.stderr = 1, b"tee: /nope/f: No such file or directory\n"
     with pytest.raises(TransportError, match=r"wrk-1: cannot write /nope/f \(tee: "):
         ssh_node().put("/nope/f", b"x")
+
+
+def test_put_file_streams_the_file_as_ssh_input_with_puts_command(monkeypatch, tmp_path):
+    fake = FakeSsh()
+    monkeypatch.setattr(subprocess, "run", fake)
+    local = tmp_path / "wheels.tar"
+    local.write_bytes(b"TAR" * 1000)
+    ssh_node().put_file("/srv/m/envs/.x.tar", local, mode=0o644, user="trainstack")
+    argv, stdin = fake.calls[-1]
+    assert stdin is None  # nothing read into this process: ssh reads the file itself
+    assert fake.stdin_files == [(str(local), b"TAR" * 1000)]
+    assert argv[-1] == SshTransport.put_command("/srv/m/envs/.x.tar", 0o644, "trainstack")
+    assert argv[-1] == (
+        "sudo -n -u trainstack tee -- /srv/m/envs/.x.tar >/dev/null && "
+        "sudo -n -u trainstack chmod 0644 -- /srv/m/envs/.x.tar"
+    )
+    fake.code, fake.stderr = 1, b"tee: /nope/f: No space left on device\n"
+    with pytest.raises(TransportError, match=r"wrk-1: cannot write /nope/f \(tee: .*No space"):
+        ssh_node().put_file("/nope/f", local)
+    fake.code, fake.stderr = 255, b"ssh: connect to host 10.0.0.5 port 2222: Connection refused\n"
+    with pytest.raises(TransportError, match=r"cannot write /nope/f: ssh deploy@10.0.0.5 port"):
+        ssh_node().put_file("/nope/f", local)
 
 
 def test_run_returns_the_code_and_raises_when_ssh_itself_failed(monkeypatch):
@@ -263,6 +288,7 @@ class FakeContainer:
         self.files: dict[str, bytes] = dict(files or {})
         self.execs: list[tuple[list[str], dict]] = []
         self.modes: dict[str, int] = {}
+        self.sent: list = []
 
     def exec_run(self, argv, **options):
         self.execs.append((argv, options))
@@ -280,7 +306,10 @@ class FakeContainer:
         return iter([archive.getvalue()]), {}
 
     def put_archive(self, directory, data):
-        with tarfile.open(fileobj=io.BytesIO(data)) as tar:
+        self.sent.append(data)
+        if not isinstance(data, bytes):  # a stream, as docker-py takes it: read it in pieces
+            data = b"".join(data)
+        with tarfile.open(fileobj=io.BytesIO(data), mode="r:") as tar:
             for member in tar.getmembers():
                 extracted = tar.extractfile(member)
                 assert extracted is not None
@@ -324,6 +353,50 @@ def test_docker_transport_on_a_fake_engine():
     assert node.copy_command("/srv/m/r") == "docker cp ts-w1:/srv/m/r ."
     with pytest.raises(TransportError, match="ts-w3: not on the engine"):
         DockerTransport("ts-w3", client).run(["true"])
+
+
+@pytest.mark.parametrize("size", [0, 1, 512, 513, 3 * 4096 + 7])
+def test_docker_put_file_streams_a_one_member_tar_read_in_chunks(monkeypatch, tmp_path, size):
+    from infra.transport import docker as docker_transport
+
+    monkeypatch.setattr(docker_transport, "STREAM_CHUNK", 4096)
+    local = tmp_path / "wheels.tar"
+    content = bytes(i % 251 for i in range(size))
+    local.write_bytes(content)
+    box = FakeContainer("ts-w1")
+    node = DockerTransport("ts-w1", FakeClient(box))
+    node.put_file("/srv/m/envs/.x.tar", local, mode=0o640, user="trainstack")
+    assert box.files["/srv/m/envs/.x.tar"] == content
+    assert box.modes["/srv/m/envs/.x.tar"] == 0o640
+    assert not isinstance(box.sent[-1], bytes)  # a stream, not the file in memory
+    assert box.execs[-1] == (["chown", "trainstack", "/srv/m/envs/.x.tar"], {})
+    # The stream: a header, the file in chunks of at most STREAM_CHUNK, the tar's end.
+    with local.open("rb") as source:
+        pieces = list(docker_transport._tar_of_one_file("x.tar", source, 0o644))
+    assert all(len(p) <= 4096 for p in pieces[1:-1]) and len(pieces) == 2 + -(-size // 4096)
+    assert sum(len(p) for p in pieces) % tarfile.BLOCKSIZE == 0
+
+
+def test_docker_put_file_of_a_missing_file_names_it(tmp_path):
+    node = DockerTransport("ts-w1", FakeClient(FakeContainer("ts-w1")))
+    with pytest.raises(TransportError, match=r"ts-w1: cannot write /srv/x \(cannot read .*nope"):
+        node.put_file("/srv/x", tmp_path / "nope.tar")
+
+
+def test_ssh_put_file_of_a_missing_file_names_it(monkeypatch, tmp_path):
+    fake = FakeSsh()
+    monkeypatch.setattr(subprocess, "run", fake)
+    with pytest.raises(TransportError, match=r"wrk-1: cannot write /srv/x \(cannot read .*nope"):
+        ssh_node().put_file("/srv/x", tmp_path / "nope.tar")
+    assert fake.calls == []  # nothing started
+
+
+def test_put_file_of_a_transport_without_its_own_puts_the_bytes(tmp_path):
+    local = tmp_path / "f"
+    local.write_bytes(b"abc")
+    node = FakeNode("w1")
+    node.put_file("/srv/f", local, mode=0o600, user="u")
+    assert node.files == {"/srv/f": b"abc"}
 
 
 # --- the training provider through a transport ------------------------------------------
