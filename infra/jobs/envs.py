@@ -51,6 +51,10 @@ NODE_PYTHON = (
     "--platform", "manylinux2014_x86_64", "--platform", "manylinux2010_x86_64",
     "--platform", "manylinux1_x86_64",
 )  # fmt: skip
+# Packages of the node venv that a job's overlay may shadow with another version: packaging
+# tools the platform does not import while it runs (torch's triton needs setuptools>=77; the
+# nodes' venv has Debian's 66.1.1).
+SHADOWABLE = frozenset({"setuptools"})
 DOWNLOAD_TIMEOUT_S = 600
 INSTALL_TIMEOUT_S = 600
 # The packages the platform itself runs on (a requirement's name -> the nodes' package): a
@@ -295,7 +299,7 @@ def stage(node: Transport, env: Env, python: str, user: str) -> Staged:
             name, version, _, _ = parse_wheel_filename(wheel.name)
             if have.get(name) == str(version):
                 continue  # the node venv has it: the overlay does not shadow it
-            if name in have:
+            if name in have and name not in SHADOWABLE:
                 raise EnvError(
                     f"the requirements need {name} {version}, but the nodes run "
                     f"{name} {have[name]}; pin {name}=={have[name]} in the requirements file"

@@ -4,6 +4,10 @@ full-mode job, from a packages overlay with torch in it (conftest.torch_site).""
 from __future__ import annotations
 
 import json
+import os
+import shutil
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -92,3 +96,37 @@ def test_a_build_model_that_returns_no_module_is_one_sentence(tmp_path, torch_si
         "your code failed: build_model(ctx) in m.py returned int; a torch job's build_model "
         "must return a torch.nn.Module"
     ), s["error"]
+
+
+def test_fsdp_trains_resumes_and_saves_the_whole_model(tmp_path, torch_site):
+    job = tmp_path / "job"
+    shutil.copytree(TORCH_DIGITS, job)
+    manifest = job / "trainstack.toml"
+    manifest.write_text(
+        manifest.read_text().replace(
+            'framework = "torch"', 'framework = "torch"\nstrategy = "fsdp"'
+        )
+    )
+    out = tmp_path / "out"
+    rc, s, err = run_cli(
+        ["--job-dir", str(job), "--job-env", torch_site, "--workers", "2", "--epochs", "4",
+         "--output", str(out), "--fault-kill-epoch", "3", "--fault-kill-worker", "1", "--no-plot"]
+    )  # fmt: skip
+    assert rc == 0 and s["ok"], (s, err[-3000:])
+    assert s["attempts"] == 2 and s["final_val_accuracy"] >= 0.8, s
+    assert [r["epoch"] for r in _rows(out) if r["attempt"] == 2] == [3, 4]
+    # The gathered state of the sharded model loads into the plain model.
+    check = (
+        "import sys, torch\n"
+        f"sys.path.insert(0, {torch_site!r})\n"
+        "state = torch.load(sys.argv[1], weights_only=True)\n"
+        "nn = torch.nn\n"
+        "m = nn.Sequential(nn.Linear(64, 128), nn.ReLU(), nn.Dropout(0.2), nn.Linear(128, 10))\n"
+        "m.load_state_dict(state)\n"
+        "print('loaded', sum(p.numel() for p in m.parameters()))\n"
+    )
+    loaded = subprocess.run(
+        [sys.executable, "-c", check, str(out / "model.pt")],
+        capture_output=True, text=True, timeout=120, env={**os.environ, "PYTHONPATH": torch_site},
+    )  # fmt: skip
+    assert loaded.stdout.startswith("loaded 9610"), loaded.stderr[-2000:]

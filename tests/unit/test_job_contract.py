@@ -112,6 +112,16 @@ BAD = [
         "r.txt does not list torch; the nodes install torch from the job's packages: add "
         "torch==2.15.0",
     ),
+    (
+        '[job]\nentry = "m"\nstrategy = "fsdp"\n',
+        {"m.py": "def train(c): ..."},
+        "strategy = 'fsdp': a TensorFlow job's strategy is the stack's trainstack:trainStrategy",
+    ),
+    (
+        '[job]\nentry = "m"\nframework = "torch"\nstrategy = "zero"\nrequirements = "r.txt"\n',
+        {"m.py": "def train(c): ...", "r.txt": "torch==2.15.0\n"},
+        "strategy = 'zero': allowed are 'ddp', 'fsdp'",
+    ),
 ]
 
 

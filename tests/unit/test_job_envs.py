@@ -262,6 +262,21 @@ def test_a_wheel_at_another_version_than_the_nodes_is_refused(tmp_path, monkeypa
     assert not (tmp_path / "envs" / ("b" * 64)).exists()
 
 
+def test_a_newer_setuptools_ships_in_the_overlay(tmp_path, monkeypatch):
+    # torch's triton needs setuptools>=77; the nodes run Debian's older one: the overlay
+    # shadows it (a packaging tool the platform does not import while it runs).
+    monkeypatch.setattr(envs, "ENVS_DIR", str(tmp_path / "envs"))
+    wheels = tmp_path / "wheels"
+    make_wheel(wheels, "setuptools", "999.0")
+    env = Env("c" * 64, ("setuptools==999.0",), wheels)
+    monkeypatch.setattr(envs, "_node_packages", lambda node, python: {"setuptools": "66.1.1"})
+    staged = envs.stage(LocalNode(), env, sys.executable, user="nobody")
+    assert staged.script  # shipped, to be installed
+    monkeypatch.setattr(envs, "SHADOWABLE", frozenset())
+    with pytest.raises(EnvError, match=r"need setuptools 999\.0, but the nodes run setuptools"):
+        envs.stage(LocalNode(), env, sys.executable, user="nobody")
+
+
 def test_the_declared_job_gets_its_overlay_only_when_it_has_packages():
     from infra.components.training import _job_command
     from infra.jobs.launch import LaunchSettings

@@ -34,7 +34,7 @@ from trainstack_training.frameworks.base import (
     check_datasets,
     peak_rss_mb,
 )
-from trainstack_training.job import JobContext, UserCodeError, call_user
+from trainstack_training.job import FSDP, JobContext, UserCodeError, call_user
 
 CHECKPOINT = "torch-checkpoint.pt"  # in checkpoint_dir: model, optimizer and epoch
 EXPORTED_FILE = "model.pt2"  # beside model.pt, when torch.export can trace the model
@@ -179,6 +179,8 @@ def simple(run: RankRun, module: Any, ctx: JobContext, reporter: EpochReporter) 
             f"{type(model).__name__}; a torch job's build_model must return a torch.nn.Module"
         )
     model.to(ctx.device)
+    if spec.strategy == FSDP and ctx.world_size > 1:
+        shard(torch, model)  # before the optimizer: it must see the sharded parameters
     regression = ctx.task == REGRESSION
     loss_fn = (
         call_user(spec, module.loss_fn, ctx)
@@ -192,7 +194,7 @@ def simple(run: RankRun, module: Any, ctx: JobContext, reporter: EpochReporter) 
     )
     start = resume(ctx, model, optimizer)
     wrapped = model
-    if ctx.world_size > 1:
+    if ctx.world_size > 1 and not sharded(model):
         wrapped = torch.nn.parallel.DistributedDataParallel(model)
     data = Tensors(torch, ctx.device, regression, x, y, x_val, y_val)
     hold = EpochHold(run.cfg.hold_file, ctx.epochs, run.rank, run.attempt)
@@ -314,26 +316,66 @@ def checkpoint_path(ctx: JobContext) -> Path:
     return Path(ctx.checkpoint_dir) / CHECKPOINT
 
 
+def shard(torch: Any, model: Any) -> None:
+    """FSDP (torch.distributed.fsdp.fully_shard): each submodule with parameters of its own,
+    then the model, sharded across the ranks."""
+    from torch.distributed.fsdp import fully_shard
+
+    for module in list(model.modules())[1:]:
+        if any(True for _ in module.parameters(recurse=False)):
+            fully_shard(module)
+    fully_shard(model)
+
+
+def sharded(model: Any) -> bool:
+    """Whether `model` is sharded by FSDP."""
+    from torch.distributed.fsdp import FSDPModule
+
+    return isinstance(model, FSDPModule)
+
+
+def full_state(model: Any, optimizer: Any = None) -> tuple[Any, Any]:
+    """The model's (and optimizer's) whole state. For a sharded model this gathers the
+    shards: every rank must call it; the chief gets the state (the others an empty one)."""
+    if not sharded(model):
+        return model.state_dict(), (optimizer.state_dict() if optimizer is not None else None)
+    from torch.distributed.checkpoint import state_dict as dcp
+
+    options = dcp.StateDictOptions(full_state_dict=True, cpu_offload=True)
+    state = dcp.get_model_state_dict(model, options=options)
+    if optimizer is None:
+        return state, None
+    return state, dcp.get_optimizer_state_dict(model, optimizer, options=options)
+
+
 def checkpoint(ctx: JobContext, model: Any, optimizer: Any, epochs_done: int) -> None:
-    """The chief writes model, optimizer and epoch to shared storage (replaced atomically)."""
+    """The chief writes model, optimizer and epoch to shared storage (replaced atomically);
+    with FSDP every rank takes part in gathering them."""
+    state, optimizer_state = full_state(model, optimizer)
     if not ctx.is_chief:
         return
     path = checkpoint_path(ctx)
     tmp = path.with_name(f".{path.name}.partial")
-    state = {"model": model.state_dict(), "optimizer": optimizer.state_dict()}
-    ctx.torch.save({**state, "epoch": epochs_done}, tmp)
+    ctx.torch.save({"model": state, "optimizer": optimizer_state, "epoch": epochs_done}, tmp)
     os.replace(tmp, path)
 
 
 def resume(ctx: JobContext, model: Any, optimizer: Any) -> int:
     """Load the last checkpoint, if any (a retried stage, or a rerun of an interrupted job);
-    the number of epochs it had finished."""
+    the number of epochs it had finished. Every rank reads the whole state."""
     path = checkpoint_path(ctx)
     if not path.is_file():
         return 0
-    state = ctx.torch.load(path, map_location=ctx.device, weights_only=True)
-    model.load_state_dict(state["model"])
-    optimizer.load_state_dict(state["optimizer"])
+    state = ctx.torch.load(path, map_location="cpu", weights_only=True)
+    if sharded(model):
+        from torch.distributed.checkpoint import state_dict as dcp
+
+        options = dcp.StateDictOptions(full_state_dict=True)
+        dcp.set_model_state_dict(model, state["model"], options=options)
+        dcp.set_optimizer_state_dict(model, optimizer, state["optimizer"], options=options)
+    else:
+        model.load_state_dict(state["model"])
+        optimizer.load_state_dict(state["optimizer"])
     epochs_done = int(state["epoch"])
     print(f"resuming from {path}: {epochs_done} epoch(s) done", flush=True)
     return epochs_done
@@ -341,14 +383,20 @@ def resume(ctx: JobContext, model: Any, optimizer: Any) -> int:
 
 def save_model(ctx: JobContext, model: Any) -> None:
     """The chief saves the model's state_dict (model.pt) and, where torch.export traces it on
-    a validation row, the exported program beside it (model.pt2, loadable without the job's
-    code: torch.export.load); the other ranks save nothing (DDP keeps the replicas equal)."""
-    if not ctx.is_chief:
-        return
+    two validation rows, the exported program beside it (model.pt2, loadable without the
+    job's code: torch.export.load). Every rank calls it (an FSDP model's shards are gathered
+    first); the others save nothing."""
     torch = ctx.torch
     inner = getattr(model, "module", model)  # a DistributedDataParallel's model
-    torch.save(inner.state_dict(), ctx.model_path)
+    state, _ = full_state(inner)
+    if not ctx.is_chief:
+        return
+    torch.save(state, ctx.model_path)
     exported = Path(ctx.model_path).with_name(EXPORTED_FILE)
+    exported.unlink(missing_ok=True)
+    if sharded(inner):
+        print("no exported copy of an FSDP model: load model.pt into your model", flush=True)
+        return
     try:
         example = torch.tensor(ctx.x_val[:2]).float().to(ctx.device)
         torch.export.save(torch.export.export(inner.eval(), (example,)), str(exported))
