@@ -208,6 +208,7 @@ class Jobs:
             "env_sha": env.sha if env else "",
             "params": spec.params,
             "mode": spec.mode,
+            "framework": spec.framework,
             "node": node.name,
             "epochs": launch.epochs,
             "workers": launch.workers,

@@ -41,11 +41,18 @@ def _number(value: Any) -> str:
     return f"{value:.4f}" if isinstance(value, int | float) else str(value)
 
 
+def _framework(record: dict[str, Any]) -> str:
+    """ "torch, " for a torch job; nothing for TensorFlow's (the default, and older records)."""
+    framework = record.get("framework", "tensorflow")
+    return "" if framework == "tensorflow" else f"{framework}, "
+
+
 def print_status(record: dict[str, Any]) -> None:
     result = record.get("result") or {}
     lines = [
         f"job {record.get('id')}: {shown_state(record)}",
-        f"  code {str(record.get('code_sha', ''))[:12]} ({record.get('mode')} mode) from "
+        f"  code {str(record.get('code_sha', ''))[:12]} ({_framework(record)}{record.get('mode')} "
+        "mode) from "
         f"{record.get('job')}",
         f"  params {json.dumps(record.get('params', {}), sort_keys=True)}",
         f"  node {record.get('node')}, {_age(record)}",

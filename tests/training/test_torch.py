@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -130,3 +131,37 @@ def test_fsdp_trains_resumes_and_saves_the_whole_model(tmp_path, torch_site):
         capture_output=True, text=True, timeout=120, env={**os.environ, "PYTHONPATH": torch_site},
     )  # fmt: skip
     assert loaded.stdout.startswith("loaded 9610"), loaded.stderr[-2000:]
+
+
+def test_one_torch_rank_failing_stops_the_other_within_seconds(tmp_path, torch_site):
+    """Rank 1 raises after the process group is up; rank 0 waits in an all-reduce that rank 1
+    never joins: rank 0's process is stopped by Spark within seconds, not at gloo's timeout."""
+    alive = tmp_path / "rank0-alive"
+    job = tmp_path / "job"
+    job.mkdir()
+    (job / "trainstack.toml").write_text(
+        '[job]\nentry = "m"\nframework = "torch"\nrequirements = "requirements.txt"\n'
+        "progress_timeout = 0\n"
+    )
+    (job / "requirements.txt").write_text("torch==2.15.0\n")
+    (job / "m.py").write_text(
+        "import threading, time\n\n"
+        "def beat(path):\n"
+        "    while True:\n"
+        "        open(path, 'a').write(f'{time.time()}\\n')\n"
+        "        time.sleep(0.1)\n\n"
+        "def train(ctx):\n"
+        "    if ctx.rank == 1:\n"
+        "        print(f'raising at {time.time()}', flush=True)\n"
+        "        raise ValueError('rank one gives up')\n"
+        f"    threading.Thread(target=beat, args=({str(alive)!r},), daemon=True).start()\n"
+        "    ctx.torch.distributed.all_reduce(ctx.torch.zeros(1))  # never completes\n"
+    )
+    out = tmp_path / "out"
+    rc, s, _ = run_cli(["--job-dir", str(job), "--job-env", torch_site, "--output", str(out)])
+    assert rc == 1 and s["kind"] == "JobCodeError", s
+    assert "ValueError: rank one gives up (at m.py:11)" in s["error"], s["error"]
+    raised = float(re.findall(r"raising at ([0-9.]+)", (out / "rank-1.log").read_text())[0])
+    stopped_s = max(float(t) for t in alive.read_text().split()) - raised
+    print(f"rank 0 was stopped {stopped_s:.1f} s after rank 1 raised")
+    assert stopped_s < 15, stopped_s

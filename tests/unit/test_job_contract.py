@@ -216,9 +216,12 @@ def test_a_lost_peer_is_a_cluster_failure_not_the_users_error(tmp_path):
     assert str(excinfo.value) == "fit failed: the collective lost a peer"
     assert type(excinfo.value.__cause__) is unavailable
     assert is_cluster_failure(unavailable("x"))
-    # torch.distributed's: gloo's "Connection closed by peer" is a DistBackendError.
+    # torch.distributed's errors, and gloo's transport errors (a plain RuntimeError in 2.15).
     backend = type("DistBackendError", (RuntimeError,), {"__module__": "torch.distributed"})
-    assert is_cluster_failure(backend("Connection closed by peer"))
+    assert is_cluster_failure(backend("store gone"))
+    closed = "[/__w/pytorch/pytorch/third_party/gloo/gloo/transport/tcp/pair.cc:561] Connection"
+    assert is_cluster_failure(RuntimeError(closed + " closed by peer [127.0.0.1]:5005"))
+    assert not is_cluster_failure(RuntimeError("shapes do not match"))
     assert not is_cluster_failure(type("UnavailableError", (Exception,), {})("mine"))
     with pytest.raises(UserCodeError, match=r"your code failed: KeyError: 'k'"):
         call_user(spec, lambda: {}["k"])

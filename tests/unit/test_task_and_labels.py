@@ -294,3 +294,11 @@ def test_a_metric_the_job_does_not_have_falls_back_to_val_loss(tmp_path):
 def test_a_result_without_a_task_still_shows(capsys):
     print_status({"id": "job-1", "state": "succeeded", "result": {"final": {"val_loss": 0.5}}})
     assert "  val_loss 0.5000 after " in capsys.readouterr().out
+
+
+def test_status_names_a_torch_jobs_framework(capsys):
+    base = {"id": "job-1", "state": "running", "code_sha": "a" * 64, "job": "j", "params": {}}
+    print_status({**base, "framework": "torch", "mode": "simple"})
+    print_status({**base, "mode": "full"})  # a TensorFlow job, or a record from before
+    shown = capsys.readouterr().out
+    assert "(torch, simple mode)" in shown and "(full mode)" in shown, shown

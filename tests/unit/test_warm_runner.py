@@ -125,3 +125,33 @@ def test_a_changed_spark_client_config_changes_the_key(tmp_path, monkeypatch):
     assert warm.settings_key(settings) == before
     (conf / "spark-defaults.conf").write_text("spark.authenticate.secret new\n")
     assert warm.settings_key(settings) != before
+
+
+def test_the_runners_daemon_preloads_the_jobs_framework_only():
+    """One framework per runner: torch's triton and TensorFlow abort one process that loads
+    both (each carries LLVM); a torch runner preloads torch from the job's overlay."""
+    tf = context_settings(TrainConfig(runner_keep_alive=600))
+    torch = context_settings(TrainConfig(runner_keep_alive=600, framework="torch", job_env="/e"))
+    assert tf["spark.python.daemon.module"] == torch["spark.python.daemon.module"]
+    assert tf["spark.executorEnv.TRAINSTACK_PRELOAD"] == "tensorflow"
+    assert "spark.executorEnv.TRAINSTACK_PRELOAD_SITE" not in tf
+    assert torch["spark.executorEnv.TRAINSTACK_PRELOAD"] == "torch"
+    assert torch["spark.executorEnv.TRAINSTACK_PRELOAD_SITE"] == "/e"
+    assert warm.settings_key(tf) != warm.settings_key(torch)  # a torch job never joins a TF runner
+    assert "spark.python.daemon.module" not in context_settings(TrainConfig())
+
+
+def test_the_daemon_imports_torch_from_the_overlay_and_not_tensorflow(tmp_path):
+    site = tmp_path / "site"
+    (site / "torch").mkdir(parents=True)
+    (site / "torch" / "__init__.py").write_text("")
+    (site / "torch" / "_dynamo.py").write_text("")
+    code = (
+        "import sys; from trainstack_training import daemon; daemon.preload(); "
+        "print('torch' in sys.modules, 'tensorflow' in sys.modules)"
+    )
+    env = {**os.environ, "TRAINSTACK_PRELOAD": "torch", "TRAINSTACK_PRELOAD_SITE": str(site)}
+    out = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=60
+    )
+    assert out.stdout.split() == ["True", "False"], out.stderr[-2000:]

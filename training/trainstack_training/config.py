@@ -16,6 +16,8 @@ COLLECTIVES = ("auto", "ring")  # tf.distribute.experimental.CommunicationImplem
 CLASSIFICATION, REGRESSION = "classification", "regression"
 TASKS = (CLASSIFICATION, REGRESSION)  # what a job trains (the manifest's `task`)
 AUTO_TASK = "auto"  # the task inferred from the label column (trainstack_training.data.task)
+# The job's framework: its manifest's `framework` (trainstack_training.job.FRAMEWORKS).
+FRAMEWORK_NAMES = ("tensorflow", "torch")
 MAX_CLASSES = 2**16  # the most classes a classification takes
 
 
@@ -110,6 +112,13 @@ class TrainConfig:
     label_col: str = field(
         default="label",
         metadata={"help": "the label column (a job's manifest sets it with `label`)"},
+    )
+    framework: str = field(
+        default="tensorflow",
+        metadata={
+            "help": "tensorflow or torch: set from the job's manifest (`framework`); it picks "
+            "the warm runner's executors' preloaded framework"
+        },
     )
     task: str = field(
         default=AUTO_TASK,
@@ -246,6 +255,10 @@ class TrainConfig:
         checks: list[tuple[bool, str]] = [
             (self.workers >= 1, f"workers={self.workers}: must be >= 1"),
             (self.epochs >= 1, f"epochs={self.epochs}: must be >= 1"),
+            (
+                self.framework in FRAMEWORK_NAMES,
+                f"framework={self.framework!r}: allowed are {', '.join(FRAMEWORK_NAMES)}",
+            ),
             (
                 self.gpus_per_worker >= 0,
                 f"gpus_per_worker={self.gpus_per_worker}: must be >= 0 (0 = CPU only)",

@@ -333,9 +333,17 @@ def _check_data(directory: Path, data: Any) -> str:
 
 
 def apply_manifest(cfg: TrainConfig, spec: JobSpec) -> None:
-    """The manifest's label and task over the run's settings, for the data stage: its `label`
-    names the label column, its `task` is the task (a run's own --task that contradicts it is
+    """The manifest's framework, label and task over the run's settings: its `framework` is
+    the run's (the warm runner's executors preload it), its `label` names the label column,
+    its `task` is the task (a run's own --task or --framework that contradicts it is
     refused)."""
+    if cfg.framework != spec.framework and cfg.framework != TENSORFLOW:
+        raise JobError(
+            f"the run's framework={cfg.framework!r} contradicts the job's manifest "
+            f"({spec.directory}/{MANIFEST} says framework = {spec.framework!r}); leave "
+            "--framework out"
+        )
+    cfg.framework = spec.framework
     if spec.label:
         cfg.label_col = spec.label
     if spec.task:
@@ -415,8 +423,10 @@ def where(exc: BaseException, directory: str) -> str:
 CLUSTER_FAILURES = frozenset(
     {"UnavailableError", "AbortedError", "CancelledError", "DeadlineExceededError"}
 )
-# torch.distributed's: a peer lost, the store or the network gone (gloo's "Connection closed
-# by peer" is a DistBackendError).
+# torch.distributed's: a peer lost, the store or the network gone.
+# gloo's own errors (a peer's connection closed or reset) reach Python as a RuntimeError that
+# names gloo's source file.
+GLOO_SOURCE = "/gloo/transport/"
 TORCH_CLUSTER_FAILURES = frozenset(
     {"DistError", "DistBackendError", "DistNetworkError", "DistStoreError"}
 )
@@ -434,6 +444,8 @@ def is_cluster_failure(exc: BaseException) -> bool:
             return True
         if kind.__name__ in TORCH_CLUSTER_FAILURES and kind.__module__.startswith("torch"):
             return True
+        if isinstance(current, RuntimeError) and GLOO_SOURCE in str(current):
+            return True  # gloo's transport errors ("Connection closed by peer") are plain
         current = current.__cause__ or current.__context__
     return False
 

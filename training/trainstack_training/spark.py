@@ -24,6 +24,10 @@ if TYPE_CHECKING:
     from pyspark import SparkContext
     from pyspark.sql import SparkSession
 
+# What the warm runner's Python daemon imports before it forks the tasks' workers, and from
+# which packages overlay (trainstack_training.daemon).
+PRELOAD_ENV = "TRAINSTACK_PRELOAD"
+PRELOAD_SITE_ENV = "TRAINSTACK_PRELOAD_SITE"
 _LOCAL = re.compile(r"^local\[(\d+|\*)\]$")
 
 
@@ -114,10 +118,14 @@ def context_settings(cfg: TrainConfig) -> dict[str, str]:
         settings["spark.task.resource.gpu.amount"] = str(cfg.gpus_per_worker)
         settings["spark.executor.resource.gpu.amount"] = str(cfg.gpus_per_worker)
     if cfg.runner_keep_alive > 0:
-        # In the warm runner, a task's worker is forked from a daemon that has imported
-        # TensorFlow once (its runtime not started): it starts with the import paid
-        # (trainstack_training.daemon).
+        # In the warm runner, a task's worker is forked from a daemon that has imported the
+        # job's framework once (TensorFlow's runtime not started): it starts with the import
+        # paid (trainstack_training.daemon). Never both in one process: torch's triton and
+        # TensorFlow each carry LLVM, and loading the second aborts the process.
         settings["spark.python.daemon.module"] = "trainstack_training.daemon"
+        settings[f"spark.executorEnv.{PRELOAD_ENV}"] = cfg.framework
+        if cfg.framework == "torch":
+            settings[f"spark.executorEnv.{PRELOAD_SITE_ENV}"] = cfg.job_env
     return {**settings, **cfg.spark_settings()}
 
 

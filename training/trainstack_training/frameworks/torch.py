@@ -78,18 +78,21 @@ class TorchBackend(Backend):
                 timeout=timedelta(seconds=COLLECTIVE_TIMEOUT_S),
             )
         run.marks["process_group_ready"] = time.time()
-        try:
-            ctx, reporter = self._context(run, torch, device)
-            run.marks["data_loaded"] = time.time()
-            if run.spec.mode == "full":
-                returned, fit_seconds = call_train(run, module, ctx)
-                loop = Loop(epochs=reporter.epochs, total=fit_seconds)
-                curves = {k: [v] for k, v in returned.items()}
-                return result(run, ctx, loop, fit_seconds, curves, returned)
-            return simple(run, module, ctx, reporter)
-        finally:
-            if distributed and torch.distributed.is_initialized():
-                torch.distributed.destroy_process_group()
+        ctx, reporter = self._context(run, torch, device)
+        run.marks["data_loaded"] = time.time()
+        if run.spec.mode == "full":
+            returned, fit_seconds = call_train(run, module, ctx)
+            loop = Loop(epochs=reporter.epochs, total=fit_seconds)
+            done = result(
+                run, ctx, loop, fit_seconds, {k: [v] for k, v in returned.items()}, returned
+            )
+        else:
+            done = simple(run, module, ctx, reporter)
+        # Only after success: a failed rank keeps its connections until its error is recorded
+        # and its process ends, so its peers see its error first, not a closed connection.
+        if distributed and torch.distributed.is_initialized():
+            torch.distributed.destroy_process_group()
+        return done
 
     def _context(self, run: RankRun, torch: Any, device: Any) -> tuple[JobContext, Any]:
         cfg, info, out = run.cfg, run.info, run.out
