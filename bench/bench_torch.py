@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import statistics
 import subprocess
 import sys
 import tempfile
@@ -32,7 +31,7 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bench.bench_runner import run_job
-from bench.common import emit
+from bench.common import emit, median
 from infra.jobs.envs import resolve
 from infra.nodes import NODE_PATHS
 from tests.support.stacks import ROOT, Stack
@@ -127,10 +126,6 @@ def plain_torch_distributor(stack: Stack, site: str) -> dict[str, Any]:
         "context_up_s": round(end["up"] - submitted, 2),
         "accuracy": end["accuracy"],
     }
-
-
-def median(runs: list[dict[str, Any]], key: str) -> float:
-    return round(statistics.median(float(r[key]) for r in runs), 2)
 
 
 def main() -> None:

@@ -22,7 +22,6 @@ No job may fail. The stack is destroyed at the end.
 from __future__ import annotations
 
 import argparse
-import statistics
 import sys
 import tempfile
 import time
@@ -32,7 +31,7 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bench.bench_runner import run_job
-from bench.common import emit
+from bench.common import emit, median
 from tests.support.plain_spark import PlainApp
 from tests.support.stacks import Stack
 
@@ -48,10 +47,6 @@ def plain_app(stack: Stack) -> dict[str, Any]:
         "context_up_to_first_task_s": round(done["first_task"] - done["up"], 2),
         "submit_to_first_task_s": round(done["first_task"] - done["submitted"], 2),
     }
-
-
-def median(runs: list[dict[str, Any]], key: str) -> float:
-    return round(statistics.median(float(r[key]) for r in runs), 2)
 
 
 def main() -> None:

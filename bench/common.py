@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import statistics
 import subprocess
 import time
 from collections.abc import Callable
@@ -15,6 +16,11 @@ def timed(fn: Callable[[], Any]) -> float:
     start = time.perf_counter()
     fn()
     return round(time.perf_counter() - start, 2)
+
+
+def median(runs: list[dict[str, Any]], key: str) -> float:
+    """The median of `key` over `runs`, to 2 decimals."""
+    return round(statistics.median(float(r[key]) for r in runs), 2)
 
 
 def emit(result: dict, out: Path | None) -> None:

@@ -11,12 +11,18 @@ from typing import Any
 
 
 def build_model(ctx: Any) -> Any:
-    """Linear(n_features, hidden_units) -> ReLU -> Dropout -> Linear(n_classes) logits."""
+    """Linear(n_features, hidden_units) -> ReLU -> Dropout -> Linear(n_classes) logits, with
+    Keras' default initialisation (Glorot-uniform weights, zero biases), as the TensorFlow
+    example's Dense layers have."""
     nn = ctx.torch.nn
     hidden = int(ctx.params["hidden_units"])
-    return nn.Sequential(
+    model = nn.Sequential(
         nn.Linear(ctx.n_features, hidden),
         nn.ReLU(),
         nn.Dropout(float(ctx.params["dropout"])),
         nn.Linear(hidden, ctx.n_classes),
     )
+    for layer in (model[0], model[3]):
+        nn.init.xavier_uniform_(layer.weight)
+        nn.init.zeros_(layer.bias)
+    return model

@@ -17,9 +17,11 @@ The modules run in file order, and each documents what it changes:
   test_75_jobs         the user's own code through `pulumi up`: a broken job, the CNN with a
                        package, the regression example, then the default job again
   test_76_submit       `trainstack submit/status/logs/cancel/list`, packages, refusals
+                       (cli.py: the `trainstack` helpers that test_76 to test_79 share)
   test_77_yield        the warm runner yields to plain Spark applications; a job queued
                        behind one
   test_78_any_model    regressions in simple and full mode through `trainstack submit`
+  test_79_torch        PyTorch jobs: torch installed once, DDP and full mode, cancel
   test_80_drills       the failure drills, which kill masters, workers and whole containers
   test_90_destroy      `pulumi destroy` leaves nothing of the stack
 

@@ -7,52 +7,16 @@ from __future__ import annotations
 
 import json
 import shutil
-import subprocess
-import sys
-import time
 from pathlib import Path
 
 import pytest
 
-from tests.support.jobs import JOB_PROCESSES
-from tests.support.stacks import ROOT, wait_until
+from tests.support.stacks import wait_until
 
-from .conftest import WORKERS, sh
+from .cli import EXAMPLES, cancel_mid_training, status, trainstack
+from .conftest import sh
 
 pytestmark = pytest.mark.e2e
-
-EXAMPLES = ROOT / "examples"
-CLI = [sys.executable, "-m", "infra.jobs.cli"]
-
-
-def trainstack(platform, *args: str, timeout: int = 300) -> subprocess.CompletedProcess:
-    return subprocess.run(
-        [*CLI, "-s", platform.stack.name, *args],
-        cwd=ROOT,
-        env=platform.stack.env,
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-        check=False,
-    )
-
-
-def status(platform, job_id: str) -> dict:
-    proc = trainstack(platform, "status", job_id, "--json")
-    assert proc.stdout.startswith("{"), proc.stderr
-    return json.loads(proc.stdout)
-
-
-def job_processes(platform) -> dict[str, str]:
-    """The job's processes (runner, driver, TensorFlow workers) on every worker node."""
-    found = {}
-    for i in range(1, WORKERS + 2):
-        container = platform.container(f"worker-{i}")
-        code, out = sh(container, JOB_PROCESSES)
-        if code == 0 and out.strip():
-            found[container] = out.strip()
-    return found
-
 
 SHIPPED_ROWS = 1000  # the MLP's own data set, shipped with its code
 
@@ -135,28 +99,9 @@ def test_the_queued_job_runs_next_with_its_parameters(platform, queued):
 
 
 def test_cancel_stops_a_running_job_and_leaves_no_process(platform):
-    submitted = trainstack(platform, "submit", str(EXAMPLES / "digits"), "--epochs", "40")
-    job_id = submitted.stdout.strip()
-    assert submitted.returncode == 0, submitted.stderr
-    run_dir = f"/srv/trainstack/models/{job_id}"
-    container = platform.container("control-3")
-    wait_until(
-        "the job's first epoch",
-        lambda: sh(container, f"test -s {run_dir}/epochs.jsonl")[0] == 0,
-        300,
-    )
-    assert job_processes(platform), "the job was not running on any worker"
-    stop = trainstack(platform, "cancel", job_id, timeout=60)
-    assert stop.returncode == 0 and "cancelled" in stop.stdout, stop.stdout + stop.stderr
-    # cancel returns once the runner has recorded the end: the driver has cancelled its
-    # Spark jobs; Spark's executors then end their barrier tasks (a second or two here).
-    stopped = time.monotonic()
-    while job_processes(platform) and time.monotonic() - stopped < 30:
-        time.sleep(0.5)
-    left = job_processes(platform)
-    assert not left, f"{time.monotonic() - stopped:.0f} s after cancel: {left}"
-    assert "Traceback" not in sh(container, f"cat {run_dir}/output.log")[1]
-    assert status(platform, job_id)["state"] == "cancelled"
+    job_id = cancel_mid_training(platform, EXAMPLES / "digits")
+    output = sh(platform.container("control-3"), f"cat /srv/trainstack/models/{job_id}/output.log")
+    assert "Traceback" not in output[1]
     assert trainstack(platform, "status", job_id).returncode == 1
 
 
@@ -240,4 +185,4 @@ def test_a_bad_job_directory_is_refused_before_anything_is_created(platform, tmp
 
 def test_submitted_jobs_change_nothing_in_the_stack(platform):
     platform.stack.run("preview", "--expect-no-changes")
-    assert Path(ROOT / "examples" / "digits" / "trainstack.toml").is_file()
+    assert Path(EXAMPLES / "digits" / "trainstack.toml").is_file()

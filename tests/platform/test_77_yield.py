@@ -38,8 +38,8 @@ from tests.support.plain_spark import PlainApp
 from tests.support.prometheus import instant
 from tests.support.stacks import wait_until
 
+from .cli import EXAMPLES, status, trainstack
 from .conftest import MODELS, epoch_rows, sh
-from .test_76_submit import EXAMPLES, status, trainstack
 
 pytestmark = pytest.mark.e2e
 

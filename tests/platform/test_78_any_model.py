@@ -10,21 +10,9 @@ import pytest
 
 from tests.support.jobs import regression_full_mode
 
-from .test_76_submit import EXAMPLES, status, trainstack
+from .cli import EXAMPLES, submit_and_follow, trainstack
 
 pytestmark = pytest.mark.e2e
-
-
-def run(platform, job, *args: str) -> dict:
-    submitted = trainstack(platform, "submit", str(job), *args)
-    assert submitted.returncode == 0, submitted.stderr
-    job_id = submitted.stdout.strip()
-    logs = trainstack(platform, "logs", "-f", job_id, timeout=600)
-    assert logs.returncode == 0, logs.stdout[-3000:] + logs.stderr
-    assert "Traceback" not in logs.stdout, logs.stdout[-3000:]
-    record = status(platform, job_id)
-    assert record["state"] == "succeeded", record
-    return record
 
 
 def no_accuracy(result: dict) -> list[str]:
@@ -32,7 +20,7 @@ def no_accuracy(result: dict) -> list[str]:
 
 
 def test_a_regression_in_simple_mode_through_submit(platform):
-    record = run(platform, EXAMPLES / "regression", "--epochs", "3")
+    record, _ = submit_and_follow(platform, EXAMPLES / "regression", "--epochs", "3")
     result = record["result"]
     assert result["task"] == "regression" and result["metric"] == "val_mae", result
     assert set(result["final"]) == {"loss", "mae", "val_loss", "val_mae"}, result
@@ -43,7 +31,7 @@ def test_a_regression_in_simple_mode_through_submit(platform):
 
 def test_a_regression_in_full_mode_through_submit(platform, tmp_path):
     job = regression_full_mode(EXAMPLES, tmp_path / "regression-full")
-    record = run(platform, job, "--epochs", "3")
+    record, _ = submit_and_follow(platform, job, "--epochs", "3")
     result = record["result"]
     assert record["mode"] == "full" and result["task"] == "regression", record
     # The returned dict, verbatim: its own names, not Keras'.

@@ -21,6 +21,18 @@ TORCH_DIGITS = str(EXAMPLES / "digits-torch")
 TORCH_CNN = str(EXAMPLES / "digits-torch-cnn")
 
 
+def torch_job(tmp_path: Path, code: str, manifest: str = "") -> Path:
+    """A torch job directory: `code` as m.py, torch in its requirements."""
+    job = tmp_path / "job"
+    job.mkdir()
+    (job / "trainstack.toml").write_text(
+        '[job]\nentry = "m"\nframework = "torch"\nrequirements = "requirements.txt"\n' + manifest
+    )
+    (job / "requirements.txt").write_text("torch==2.15.0\n")
+    (job / "m.py").write_text(code)
+    return job
+
+
 def _rows(out: Path) -> list[dict[str, float]]:
     return [json.loads(line) for line in (out / "epochs.jsonl").read_text().splitlines()]
 
@@ -70,13 +82,7 @@ def test_a_full_mode_torch_job_trains_its_own_loop(tmp_path, torch_site):
 
 
 def test_an_error_in_torch_code_names_the_users_line(tmp_path, torch_site):
-    job = tmp_path / "job"
-    job.mkdir()
-    (job / "trainstack.toml").write_text(
-        '[job]\nentry = "m"\nframework = "torch"\nrequirements = "requirements.txt"\n'
-    )
-    (job / "requirements.txt").write_text("torch==2.15.0\n")
-    (job / "m.py").write_text("def build_model(ctx):\n    return ctx.torch.nn.Linear(3)\n")
+    job = torch_job(tmp_path, "def build_model(ctx):\n    return ctx.torch.nn.Linear(3)\n")
     rc, s, _ = run_cli(["--job-dir", str(job), "--job-env", torch_site, "--output", str(job)])
     assert rc == 1 and s["kind"] == "JobCodeError", s
     assert s["error"].startswith("your code failed: TypeError:") and "(at m.py:2)" in s["error"]
@@ -84,13 +90,7 @@ def test_an_error_in_torch_code_names_the_users_line(tmp_path, torch_site):
 
 
 def test_a_build_model_that_returns_no_module_is_one_sentence(tmp_path, torch_site):
-    job = tmp_path / "job"
-    job.mkdir()
-    (job / "trainstack.toml").write_text(
-        '[job]\nentry = "m"\nframework = "torch"\nrequirements = "requirements.txt"\n'
-    )
-    (job / "requirements.txt").write_text("torch==2.15.0\n")
-    (job / "m.py").write_text("def build_model(ctx):\n    return 3\n")
+    job = torch_job(tmp_path, "def build_model(ctx):\n    return 3\n")
     rc, s, _ = run_cli(["--job-dir", str(job), "--job-env", torch_site, "--output", str(job)])
     assert rc == 1, s
     assert s["error"] == (
@@ -137,14 +137,8 @@ def test_one_torch_rank_failing_stops_the_other_within_seconds(tmp_path, torch_s
     """Rank 1 raises after the process group is up; rank 0 waits in an all-reduce that rank 1
     never joins: rank 0's process is stopped by Spark within seconds, not at gloo's timeout."""
     alive = tmp_path / "rank0-alive"
-    job = tmp_path / "job"
-    job.mkdir()
-    (job / "trainstack.toml").write_text(
-        '[job]\nentry = "m"\nframework = "torch"\nrequirements = "requirements.txt"\n'
-        "progress_timeout = 0\n"
-    )
-    (job / "requirements.txt").write_text("torch==2.15.0\n")
-    (job / "m.py").write_text(
+    job = torch_job(
+        tmp_path,
         "import threading, time\n\n"
         "def beat(path):\n"
         "    while True:\n"
@@ -155,7 +149,8 @@ def test_one_torch_rank_failing_stops_the_other_within_seconds(tmp_path, torch_s
         "        print(f'raising at {time.time()}', flush=True)\n"
         "        raise ValueError('rank one gives up')\n"
         f"    threading.Thread(target=beat, args=({str(alive)!r},), daemon=True).start()\n"
-        "    ctx.torch.distributed.all_reduce(ctx.torch.zeros(1))  # never completes\n"
+        "    ctx.torch.distributed.all_reduce(ctx.torch.zeros(1))  # never completes\n",
+        "progress_timeout = 0\n",
     )
     out = tmp_path / "out"
     rc, s, _ = run_cli(["--job-dir", str(job), "--job-env", torch_site, "--output", str(out)])
