@@ -139,14 +139,8 @@ def _check_params(directory: Path, params: Any, where: str) -> dict[str, Any]:
     return params
 
 
-def load_spec(directory: str | Path, params: dict[str, Any] | None = None) -> JobSpec:
-    """Check a job directory and return its spec; ``params`` override the manifest's.
-
-    Raises JobError, one sentence naming the file and the value, for: a missing directory or
-    manifest, bad TOML, unknown keys, a bad or missing entry module, a syntax error in it, an
-    entry module with neither or both of ``build_model`` and ``train``, and requirements.
-    """
-    directory = Path(directory)
+def _read_manifest(directory: Path) -> tuple[dict[str, Any], dict[str, Any]]:
+    """The manifest's values and its [job] table, checked for unknown tables and keys."""
     if not directory.is_dir():
         raise JobError(f"job directory {str(directory)!r} does not exist or is not a directory")
     manifest = directory / MANIFEST
@@ -169,7 +163,12 @@ def load_spec(directory: str | Path, params: dict[str, Any] | None = None) -> Jo
         raise _fail(
             directory, f"{MANIFEST}: unknown [job] keys {unknown}; allowed: {list(_JOB_KEYS)}"
         )
-    entry = job.get("entry")
+    return values, job
+
+
+def _check_entry(directory: Path, entry: Any) -> tuple[str, str, set[str]]:
+    """The manifest's entry module, checked: its name, its file (relative to the directory)
+    and its top-level functions, one of build_model (simple mode) or train (full mode)."""
     if isinstance(entry, str) and entry.endswith(".py"):
         raise _fail(
             directory,
@@ -203,6 +202,19 @@ def load_spec(directory: str | Path, params: dict[str, Any] | None = None) -> Jo
             f"{rel} defines neither build_model(ctx) (simple mode) nor train(ctx) (full mode) "
             "at module level",
         )
+    return entry, rel, functions
+
+
+def load_spec(directory: str | Path, params: dict[str, Any] | None = None) -> JobSpec:
+    """Check a job directory and return its spec; ``params`` override the manifest's.
+
+    Raises JobError, one sentence naming the file and the value, for: a missing directory or
+    manifest, bad TOML, unknown keys, a bad or missing entry module, a syntax error in it, an
+    entry module with neither or both of ``build_model`` and ``train``, and requirements.
+    """
+    directory = Path(directory)
+    values, job = _read_manifest(directory)
+    entry, rel, functions = _check_entry(directory, job.get("entry"))
     timeout = job.get("progress_timeout", DEFAULT_PROGRESS_TIMEOUT)
     if isinstance(timeout, bool) or not isinstance(timeout, int | float) or timeout < 0:
         raise _fail(
@@ -215,6 +227,32 @@ def load_spec(directory: str | Path, params: dict[str, Any] | None = None) -> Jo
         raise _fail(directory, f"{MANIFEST}: requirements = {requirements!r} does not exist")
     data = _check_data(directory, job.get("data", ""))
     task, label, metric = _check_task(directory, job)
+    framework, strategy = _check_framework(directory, job, str(requirements or ""))
+    merged = {
+        **_check_params(directory, values.get("params", {}), "[params]"),
+        **_check_params(directory, params or {}, "the stack's job parameters"),
+    }
+    return JobSpec(
+        directory=str(directory),
+        entry=entry,
+        entry_file=rel,
+        mode="full" if FULL_FUNCTION in functions else "simple",
+        has_datasets="datasets" in functions,
+        params=merged,
+        requirements=str(requirements or ""),
+        progress_timeout=float(timeout),
+        data=data,
+        task=task,
+        label=label,
+        metric=metric,
+        framework=framework,
+        strategy=strategy,
+    )
+
+
+def _check_framework(directory: Path, job: dict[str, Any], requirements: str) -> tuple[str, str]:
+    """The manifest's framework and strategy, checked: a torch job lists torch in its
+    requirements; `strategy` is a torch job's."""
     framework = job.get("framework", TENSORFLOW)
     if framework not in FRAMEWORKS:
         raise _fail(
@@ -223,7 +261,7 @@ def load_spec(directory: str | Path, params: dict[str, Any] | None = None) -> Jo
             f"{', '.join(repr(f) for f in FRAMEWORKS)} (TensorFlow when left out)",
         )
     if framework == TORCH:
-        _check_torch_listed(directory, str(requirements or ""))
+        _check_torch_listed(directory, requirements)
     strategy = job.get("strategy", "")
     if strategy != "" and (framework != TORCH or strategy not in TORCH_STRATEGIES):
         allowed = ", ".join(repr(s) for s in TORCH_STRATEGIES)
@@ -237,26 +275,7 @@ def load_spec(directory: str | Path, params: dict[str, Any] | None = None) -> Jo
                 f'[job] strategy ({allowed}) is for framework = "torch"'
             ),
         )
-    merged = {
-        **_check_params(directory, values.get("params", {}), "[params]"),
-        **_check_params(directory, params or {}, "the stack's job parameters"),
-    }
-    return JobSpec(
-        directory=str(directory),
-        entry=entry,
-        entry_file=rel,
-        mode="full" if has_full else "simple",
-        has_datasets="datasets" in functions,
-        params=merged,
-        requirements=str(requirements or ""),
-        progress_timeout=float(timeout),
-        data=data,
-        task=task,
-        label=label,
-        metric=metric,
-        framework=framework,
-        strategy=str(strategy),
-    )
+    return str(framework), str(strategy)
 
 
 def _check_torch_listed(directory: Path, requirements: str) -> None:

@@ -17,7 +17,7 @@ import socket
 import sys
 import time
 from collections.abc import Iterator
-from dataclasses import asdict
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -26,7 +26,7 @@ from trainstack_training.config import TrainConfig
 from trainstack_training.data import DataInfo, prepare
 from trainstack_training.epochs import EPOCH_LOG
 from trainstack_training.frameworks import model_file
-from trainstack_training.job import ERROR_FILE, TORCH, apply_manifest, recorded_error
+from trainstack_training.job import ERROR_FILE, TORCH, JobSpec, apply_manifest, recorded_error
 from trainstack_training.ranklog import RankLog
 from trainstack_training.spark import (
     CancelOnInterrupt,
@@ -128,18 +128,11 @@ def run_barrier(
     return sorted((json.loads(r) for r in rows), key=lambda r: r["task_index"])
 
 
-def run(cfg: TrainConfig) -> dict[str, Any]:
-    """The whole job: returns the metrics dict (also written to <output>/metrics.json)."""
-    from trainstack_training.report import (
-        after_training,
-        build_metrics,
-        time_split,
-        write_outputs,
-    )
-
+def _prepare_run(cfg: TrainConfig) -> tuple[JobSpec, Path]:
+    """The job's code checked before Spark starts (a bad manifest, a missing entry function or
+    a syntax error is one sentence, and nothing runs), its manifest applied, and its run
+    directory made ready; the spec and the run directory."""
     cfg.validate()
-    # The job's code: checked here, before Spark starts (a bad manifest, a missing entry
-    # function or a syntax error is one sentence, and nothing runs).
     if cfg.job_dir:  # the tasks need the absolute shared path
         cfg.job_dir = str(Path(cfg.job_dir).resolve())
     spec = job_spec(cfg)
@@ -161,6 +154,74 @@ def run(cfg: TrainConfig) -> dict[str, Any]:
         (out / name).unlink(missing_ok=True)
     if cfg.master.startswith("local"):
         os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+    return spec, out
+
+
+@dataclass(frozen=True)
+class Clock:
+    """When the job started (perf_counter and wall clock), and its seconds before the barrier
+    stage and in it."""
+
+    start: float
+    started_at: float
+    before_barrier: float
+    train_seconds: float
+
+
+def _report(
+    cfg: TrainConfig,
+    spec: JobSpec,
+    info: DataInfo,
+    results: list[dict[str, Any]],
+    out: Path,
+    phases: dict[str, float],
+    clock: Clock,
+    application: str,
+) -> dict[str, Any]:
+    """metrics.json, curves.png and the summary's numbers of a job whose code succeeded: a
+    failure here names the saved model instead of losing it behind a traceback."""
+    from trainstack_training.report import after_training, build_metrics, time_split, write_outputs
+
+    with after_training(out, model_file(spec.framework)):
+        mark = time.perf_counter()
+        metrics = build_metrics(
+            cfg,
+            info,
+            results,
+            out,
+            clock.train_seconds,
+            time.perf_counter() - clock.start,
+            spec.metric,
+        )
+        write_outputs(metrics, out, plot=cfg.plot)
+        phases["report"] = time.perf_counter() - mark
+        metrics["total_seconds"] = time.perf_counter() - clock.start
+        metrics["started_at"] = clock.started_at  # wall clock, as first_step_at
+        # Where the job's Spark application came from: its own, or the warm runner's.
+        metrics["spark_application"] = application
+        metrics["framework"] = spec.framework
+        metrics["job_phases"] = {**phases, **info.phases}
+        # The data stage's own work: its time less the Spark start-up done inside it.
+        data_work = (
+            info.seconds - phases.get("spark_sql_session", 0.0) - phases.get("slot_check", 0.0)
+        )
+        metrics["time_split"] = time_split(
+            metrics["total_seconds"],
+            clock.before_barrier,
+            data_work,
+            clock.train_seconds,
+            metrics["worker_timings"],
+        )
+        metrics["training_share"] = round(
+            metrics["time_split"]["training"] / metrics["total_seconds"], 3
+        )
+        write_outputs(metrics, out, plot=False)  # with the report's own time
+    return metrics
+
+
+def run(cfg: TrainConfig) -> dict[str, Any]:
+    """The whole job: returns the metrics dict (also written to <output>/metrics.json)."""
+    spec, out = _prepare_run(cfg)
     start = time.perf_counter()
     started_at = time.time()
     phases: dict[str, float] = {}
@@ -222,37 +283,11 @@ def run(cfg: TrainConfig) -> dict[str, Any]:
     # already, leaving the empty directories; torch's checkpoint and a full-mode job's own
     # files stay until here).
     shutil.rmtree(out / "backup", ignore_errors=True)
-    # The user's code succeeded: a failure of trainstack's own report from here on names the
-    # saved model instead of losing it behind a traceback.
-    with after_training(out, model_file(spec.framework)):
-        mark = time.perf_counter()
-        metrics = build_metrics(
-            cfg, info, results, out, train_seconds, time.perf_counter() - start, spec.metric
-        )
-        write_outputs(metrics, out, plot=cfg.plot)
-        phases["report"] = time.perf_counter() - mark
-        metrics["total_seconds"] = time.perf_counter() - start
-        metrics["started_at"] = started_at  # wall clock, as first_step_at
-        # Where the job's Spark application came from: its own, or the warm runner's.
-        metrics["spark_application"] = attached.mode if attached else "own"
-        metrics["framework"] = spec.framework
-        metrics["job_phases"] = {**phases, **info.phases}
-        # The data stage's own work: its time less the Spark start-up done inside it.
-        data_work = (
-            info.seconds - phases.get("spark_sql_session", 0.0) - phases.get("slot_check", 0.0)
-        )
-        metrics["time_split"] = time_split(
-            metrics["total_seconds"],
-            before_barrier,
-            data_work,
-            train_seconds,
-            metrics["worker_timings"],
-        )
-        metrics["training_share"] = round(
-            metrics["time_split"]["training"] / metrics["total_seconds"], 3
-        )
-        write_outputs(metrics, out, plot=False)  # with the report's own time
-    return metrics
+    return _report(
+        cfg, spec, info, results, out, phases,
+        Clock(start, started_at, before_barrier, train_seconds),
+        attached.mode if attached else "own",
+    )  # fmt: skip
 
 
 def _has_backup(out: Path) -> bool:

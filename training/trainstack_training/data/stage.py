@@ -195,6 +195,35 @@ def prepare(
     df = df.withColumn("_val", is_val)
     train = ~F.col("_val")
     # One pass computes the checks and the normalisation statistics (from training rows only).
+    aggs = _stats_columns(F, label, train, features, label_integral)
+    mark = time.perf_counter()
+    try:
+        stats = df.agg(*aggs).collect()[0].asDict()
+    except Exception as exc:  # e.g. a path that vanished or unreadable files
+        raise DataError(f"cannot read data at {uri!r}: {str(exc).splitlines()[0]}") from exc
+    phases["data_spark_stats"] = time.perf_counter() - mark
+    _check_stats(stats, cfg, features, task)
+
+    mark = time.perf_counter()
+    shard_rows, val_rows = _write_normalised(
+        F, df, cfg, features, stats, (label, shard, task), (train_dir, val_dir)
+    )
+    phases["data_spark_write"] = time.perf_counter() - mark
+    return _finish(
+        cfg, features, train_dir, val_dir, shard_rows, val_rows, int(stats["rows"]), start,
+        "spark", phases, task,
+    )  # fmt: skip
+
+
+def _stats_columns(
+    F: Any,  # noqa: N803 (pyspark.sql.functions, as the PySpark idiom names it)
+    label: Any,
+    train: Any,
+    features: list[str],
+    label_integral: bool,
+) -> list[Any]:
+    """The aggregations of the data stage's one pass over the data: the row counts, the
+    label's checks, and each feature's nulls and its range over the training rows."""
     aggs = [
         F.count(F.lit(1)).alias("rows"),
         F.sum(train.cast("long")).alias("train_rows"),
@@ -216,14 +245,22 @@ def prepare(
             F.min(F.when(train, col)).alias(f"lo{i}"),
             F.max(F.when(train, col)).alias(f"hi{i}"),
         ]
-    mark = time.perf_counter()
-    try:
-        stats = df.agg(*aggs).collect()[0].asDict()
-    except Exception as exc:  # e.g. a path that vanished or unreadable files
-        raise DataError(f"cannot read data at {uri!r}: {str(exc).splitlines()[0]}") from exc
-    phases["data_spark_stats"] = time.perf_counter() - mark
-    _check_stats(stats, cfg, features, task)
+    return aggs
 
+
+def _write_normalised(
+    F: Any,  # noqa: N803 (pyspark.sql.functions)
+    df: Any,
+    cfg: TrainConfig,
+    features: list[str],
+    stats: dict[str, Any],
+    columns: tuple[Any, Any, str],
+    dirs: tuple[Path, Path],
+) -> tuple[list[int], int]:
+    """Write the features scaled to [0, 1] by the training rows' ranges, the label and the
+    shard: the training rows partitioned by shard, the validation rows apart; the rows of
+    each shard and of the validation set."""
+    (label, shard, task), (train_dir, val_dir) = columns, dirs
     norm = []
     for i, c in enumerate(features):
         lo, hi = float(stats[f"lo{i}"] or 0.0), float(stats[f"hi{i}"] or 0.0)
@@ -235,7 +272,6 @@ def prepare(
         shard.cast("int").alias("shard"),
         F.col("_val"),
     )
-    mark = time.perf_counter()
     (
         out.filter(~F.col("_val"))
         .drop("_val")
@@ -246,23 +282,8 @@ def prepare(
     out.filter(F.col("_val")).drop("_val", "shard").write.mode("overwrite").parquet(
         _spark_uri(val_dir)
     )
-
     shard_rows = [_parquet_rows(train_dir / f"shard={k}") for k in range(cfg.workers)]
-    val_rows = _parquet_rows(val_dir)
-    phases["data_spark_write"] = time.perf_counter() - mark
-    return _finish(
-        cfg,
-        features,
-        train_dir,
-        val_dir,
-        shard_rows,
-        val_rows,
-        int(stats["rows"]),
-        start,
-        "spark",
-        phases,
-        task,
-    )
+    return shard_rows, _parquet_rows(val_dir)
 
 
 def _small_parquet_files(uri: str, fmt: str, cfg: TrainConfig) -> list[Path] | None:
