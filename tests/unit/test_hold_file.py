@@ -21,7 +21,7 @@ from trainstack_training.frameworks.base import EpochHold
 from infra.components import training
 from infra.components.training import TEST_HOLD_FILE_ENV, _job_command, _TrainingJobProvider
 from infra.jobs.launch import LaunchSettings
-from infra.transport import Transport, TransportError
+from tests.support.fakes import SubmittingNode
 
 pytestmark = pytest.mark.unit
 
@@ -40,42 +40,6 @@ SETTINGS = {
 
 
 # --- the provider: the environment variable becomes the flag ---------------------------------
-
-
-class _Node(Transport):
-    """A worker node that can submit; records the commands it is given."""
-
-    name = "ts-worker-1"
-
-    def __init__(self, run_dir: str, pids: bytes = b"") -> None:
-        self.run_dir, self.pids = run_dir, pids
-        self.ran: list[list[str]] = []
-        self.streamed: list[list[str]] = []
-
-    def unavailable(self) -> str | None:
-        return None
-
-    def run(self, argv, *, user=None, env=None, stdin=None):
-        self.ran.append(argv)
-        if argv[0] == "pgrep":
-            return (0 if self.pids else 1), self.pids
-        return 0, b""
-
-    def stream(self, argv, *, env=None, user=None):
-        self.streamed.append(argv)
-        summary = {"ok": True, "final_val_accuracy": 0.97, "epochs": 8}
-        return 0, "validation accuracy 0.97\n" + json.dumps(summary) + "\n"
-
-    def fetch(self, path):
-        if path.endswith(("model.keras", "metrics.json")):
-            return b"{}"
-        raise TransportError(f"{self.name}: cannot read {path} (missing)")
-
-    def put(self, path, data, mode=0o644, user=None):
-        pass
-
-    def copy_command(self, path):
-        return f"docker cp {self.name}:{path} ."
 
 
 def _props(tmp_path: Path) -> dict:
@@ -99,8 +63,8 @@ def _command(tmp_path: Path, hold_file: str = "") -> list[str]:
     return _job_command(settings, RUN_DIR, hold_file)
 
 
-def _launch(monkeypatch, tmp_path: Path) -> tuple[dict, _Node]:
-    node = _Node(RUN_DIR)
+def _launch(monkeypatch, tmp_path: Path) -> tuple[dict, SubmittingNode]:
+    node = SubmittingNode(RUN_DIR)
     monkeypatch.setattr(training, "_candidates", lambda props: [node])
     result = _TrainingJobProvider()._run(_props(tmp_path))
     return result, node
@@ -151,7 +115,7 @@ def test_setting_or_unsetting_the_variable_changes_no_diff(monkeypatch, tmp_path
 
 def test_an_earlier_launch_with_the_hold_flag_is_still_found(monkeypatch, tmp_path):
     # _stop_earlier_launches matches `--output <run dir>` followed by a space or the end.
-    node = _Node(RUN_DIR, pids=b"42\n")
+    node = SubmittingNode(RUN_DIR, pids=b"42\n")
     training._stop_earlier_launches([node], RUN_DIR, grace_s=0)
     pattern = node.ran[0][2]
     command = " ".join(_command(tmp_path, HOLD))

@@ -18,7 +18,7 @@ from infra.jobs import commands
 from infra.jobs.commands import Jobs, queued_command
 from infra.jobs.launch import TRAIN, LaunchSettings, train_command
 from infra.jobs.remote import JOBS_DIR, MODELS_DIR, NODE_VENV, QUEUE_LOCK
-from infra.transport import Transport, TransportError
+from tests.support.fakes import SubmittingNode
 
 pytestmark = pytest.mark.unit
 
@@ -122,41 +122,9 @@ def test_the_settings_are_frozen():
 # --- both callers, from the one builder -----------------------------------------------------------
 
 
-class _Node(Transport):
-    """A worker node that can submit; records what it is asked to run."""
-
-    name = "ts-worker-1"
-
-    def __init__(self) -> None:
-        self.ran: list[list[str]] = []
-        self.streamed: list[list[str]] = []
-
-    def unavailable(self) -> str | None:
-        return None
-
-    def run(self, argv, *, user=None, env=None, stdin=None):
-        self.ran.append(argv)
-        return (1, b"") if argv[0] == "pgrep" else (0, b"")
-
-    def stream(self, argv, *, env=None, user=None):
-        self.streamed.append(argv)
-        return 0, json.dumps({"ok": True}) + "\n"
-
-    def fetch(self, path):
-        if path.endswith(("model.keras", "metrics.json")):
-            return b"{}"
-        raise TransportError(f"{self.name}: cannot read {path} (missing)")
-
-    def put(self, path, data, mode=0o644, user=None):
-        pass
-
-    def copy_command(self, path):
-        return f"docker cp {self.name}:{path} ."
-
-
 def _declared(monkeypatch, tmp_path: Path, settings: dict) -> list[str]:
     """The command the declared job's provider streams on its node."""
-    node = _Node()
+    node = SubmittingNode()
     monkeypatch.setattr(training, "_candidates", lambda props: [node])
     monkeypatch.setattr(training, "_ship_job", lambda node, props: None)
     monkeypatch.delenv(training.TEST_HOLD_FILE_ENV, raising=False)
@@ -169,7 +137,7 @@ def _declared(monkeypatch, tmp_path: Path, settings: dict) -> list[str]:
 
 def _submitted(monkeypatch, tmp_path: Path, defaults: dict) -> tuple[list[str], str]:
     """The command `trainstack submit` starts on its node (detached), and the job's id."""
-    node = _Node()
+    node = SubmittingNode()
     monkeypatch.setattr(commands, "transports_for", lambda records: [node])
     monkeypatch.setattr(commands, "submitter", lambda nodes, check_venv=True: node)
     monkeypatch.setattr(commands, "ship", lambda node, packed: None)
