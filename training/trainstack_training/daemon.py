@@ -19,7 +19,9 @@ from __future__ import annotations
 import os
 import sys
 
-PRELOAD_ENV = "TRAINSTACK_PRELOAD"  # as trainstack_training.spark's (no import: no pyspark here)
+# What the daemon imports ("tensorflow" or "torch"), and the packages overlay torch comes from;
+# the warm runner's context sets both for its executors (trainstack_training.spark).
+PRELOAD_ENV = "TRAINSTACK_PRELOAD"
 PRELOAD_SITE_ENV = "TRAINSTACK_PRELOAD_SITE"
 
 

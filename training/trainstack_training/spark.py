@@ -18,16 +18,13 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from trainstack_training.config import TrainConfig
+from trainstack_training.daemon import PRELOAD_ENV, PRELOAD_SITE_ENV
 from trainstack_training.sparkmaster import WAITING_FILE, Application, alive_master
 
 if TYPE_CHECKING:
     from pyspark import SparkContext
     from pyspark.sql import SparkSession
 
-# What the warm runner's Python daemon imports before it forks the tasks' workers, and from
-# which packages overlay (trainstack_training.daemon).
-PRELOAD_ENV = "TRAINSTACK_PRELOAD"
-PRELOAD_SITE_ENV = "TRAINSTACK_PRELOAD_SITE"
 _LOCAL = re.compile(r"^local\[(\d+|\*)\]$")
 
 

@@ -7,17 +7,14 @@ framework until a rank runs.
 from __future__ import annotations
 
 from trainstack_training.frameworks.base import Backend
-from trainstack_training.job import FRAMEWORKS, TENSORFLOW, TORCH
+from trainstack_training.job import FRAMEWORKS, TORCH
 
 __all__ = ["FRAMEWORKS", "Backend", "backend_for", "model_file"]
 
-# The file the chief saves the model to, in the run directory, per framework.
-MODEL_FILES = {TENSORFLOW: "model.keras", TORCH: "model.pt"}
-
 
 def model_file(framework: str) -> str:
-    """The model file a run of `framework` leaves in its run directory."""
-    return MODEL_FILES[framework]
+    """The model file a run of `framework` leaves in its run directory (its backend's)."""
+    return backend_for(framework).model_file
 
 
 def backend_for(framework: str) -> Backend:

@@ -58,6 +58,11 @@ class RankRun:
     def world_size(self) -> int:
         return self.cfg.workers
 
+    @property
+    def steps_per_epoch(self) -> int:
+        """The same on every rank, or the collectives hang: the smallest shard's batches."""
+        return min(self.info.shard_rows) // self.cfg.batch_size
+
     def touch(self) -> None:
         """Progress, for the no-progress timeout."""
         if self.watchdog is not None:

@@ -78,11 +78,11 @@ class TensorFlowBackend(Backend):
         cfg, info, out = run.cfg, run.info, run.out
         x_train, y_train = load_arrays(info.shard_dir(run.rank))
         x_val, y_val = load_arrays(info.val_dir)
-        # Every worker must run the same number of steps, or the collectives deadlock: size the
-        # epoch by the smallest shard and repeat the data.
-        steps_per_epoch = min(info.shard_rows) // cfg.batch_size
+        # Every worker runs the same number of steps (the data repeats).
+        steps_per_epoch = run.steps_per_epoch
         samples = steps_per_epoch * cfg.batch_size * cfg.workers
-        timer = callback_classes(tf)[0](steps_per_epoch)
+        classes = callback_classes(tf)
+        timer = classes[0](steps_per_epoch)
         reporter = EpochReporter(
             out / EPOCH_LOG, run.is_chief, run.attempt, len(x_train) * cfg.workers
         )
@@ -100,7 +100,7 @@ class TensorFlowBackend(Backend):
             steps_per_epoch=steps_per_epoch, run_dir=str(out),
             checkpoint_dir=str(out / "backup"), model_path=str(out / self.model_file),
             attempt=run.attempt, task=info.task, framework=self.name,
-            _callbacks=lambda: keras_callbacks(run, tf, timer, samples),
+            _callbacks=lambda: keras_callbacks(run, tf, classes, timer, samples),
             _report=report,
         )  # fmt: skip
         return ctx, timer, reporter
@@ -189,11 +189,13 @@ class TensorFlowBackend(Backend):
         )
 
 
-def keras_callbacks(run: RankRun, tf: Any, timer: Any, samples: int) -> list[Any]:
+def keras_callbacks(
+    run: RankRun, tf: Any, classes: tuple[Any, Any, Any, Any], timer: Any, samples: int
+) -> list[Any]:
     """trainstack's Keras callbacks: progress, the epoch timer and log, backup and resume, the
     pushed progress, and the test-only fault and hold."""
     cfg, out = run.cfg, run.out
-    _, epoch_log, fault_injector, hold_point = callback_classes(tf)
+    _, epoch_log, fault_injector, hold_point = classes
 
     class Progress(tf.keras.callbacks.Callback):
         """Each finished batch is progress for the no-progress timeout."""

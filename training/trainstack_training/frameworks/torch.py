@@ -116,7 +116,7 @@ class TorchBackend(Backend):
             is_chief=run.is_chief, strategy=None, tf=None, x=x, y=y, x_val=x_val, y_val=y_val,
             n_features=info.n_features, n_classes=info.n_classes, batch_size=cfg.batch_size,
             epochs=cfg.epochs, learning_rate=cfg.learning_rate, seed=cfg.seed,
-            steps_per_execution=1, steps_per_epoch=min(info.shard_rows) // cfg.batch_size,
+            steps_per_execution=1, steps_per_epoch=run.steps_per_epoch,
             run_dir=str(out), checkpoint_dir=str(out / "backup"),
             model_path=str(out / self.model_file), attempt=run.attempt, task=info.task,
             framework=self.name, torch=torch, device=device, _report=report,
