@@ -48,6 +48,7 @@ test: setup ## Everything, fast tier first (a failure stops there), then the eng
 	  python scripts/testplan.py table; exit $$rc
 
 test-engine: setup ## Every test but the unit tests, in two stages of two streams side by side (scripts/testplan.py).
+	@$(SETUP) browser
 	@$(ENV); python scripts/testplan.py engine
 
 unit: setup ## The unit tests only (no engine, no lint).

@@ -84,6 +84,17 @@ step_os_packages() {
   echo "present: curl git python3-venv rsync"
 }
 
+# Not in a plain `make setup`: the engine tests' real browser (tests/support/browser.py opens the
+# MLflow UI in it). `make test-engine` runs this step; a user's setup never installs a browser.
+step_browser() {
+  if command -v chromium >/dev/null && command -v chromedriver >/dev/null; then
+    echo "chromium present: $(command -v chromium)"
+    return
+  fi
+  apt_install chromium chromium-driver
+  echo "chromium installed: $(command -v chromium)"
+}
+
 step_java() {
   if java -version 2>&1 | grep -q 'version "17'; then
     echo "Java 17 present: $(command -v java)"
@@ -460,7 +471,7 @@ steps=("$@")
 [ ${#steps[@]} -gt 0 ] || steps=("${ALL_STEPS[@]}")
 total_start=$(date +%s)
 for s in "${steps[@]}"; do
-  declare -F "step_$s" >/dev/null || { say "unknown step '$s'; steps: ${ALL_STEPS[*]}"; exit 2; }
+  declare -F "step_$s" >/dev/null || { say "unknown step '$s'; steps: ${ALL_STEPS[*]} browser"; exit 2; }
   run_step "$s" "step_$s"
 done
 touch "$STATE/done"
