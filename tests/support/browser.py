@@ -17,7 +17,7 @@ CHROMIUM = "/usr/bin/chromium"
 CHROMEDRIVER = "/usr/bin/chromedriver"
 
 
-class BrowserMissing(RuntimeError):
+class BrowserMissingError(RuntimeError):
     """chromium or chromedriver is not installed."""
 
 
@@ -27,11 +27,16 @@ def _driver(width: int, height: int):  # type: ignore[no-untyped-def]
 
     for binary in (CHROMIUM, CHROMEDRIVER):
         if not shutil.which(binary):
-            raise BrowserMissing(f"{binary} is missing: run `scripts/setup.sh browser` (apt)")
+            raise BrowserMissingError(f"{binary} is missing: run `scripts/setup.sh browser` (apt)")
     options = webdriver.ChromeOptions()
     options.binary_location = CHROMIUM
-    for arg in ("--headless=new", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage",
-                f"--window-size={width},{height}"):
+    for arg in (
+        "--headless=new",
+        "--no-sandbox",
+        "--disable-gpu",
+        "--disable-dev-shm-usage",
+        f"--window-size={width},{height}",
+    ):
         options.add_argument(arg)
     return webdriver.Chrome(service=Service(CHROMEDRIVER), options=options)
 
@@ -74,7 +79,9 @@ def screenshot(
         out.parent.mkdir(parents=True, exist_ok=True)
         driver.save_screenshot(str(out))
         if missing:
-            raise TimeoutError(f"{url}: {missing} not shown within {timeout:.0f} s; page: {text[:600]!r}")
+            raise TimeoutError(
+                f"{url}: {missing} not shown within {timeout:.0f} s; page: {text[:600]!r}"
+            )
         return str(text)
     finally:
         driver.quit()

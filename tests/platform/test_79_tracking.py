@@ -1,0 +1,208 @@
+"""Every job an MLflow run, on the shared stack (docs/monitoring.md, "Compare runs"): the
+stack's declared job and the jobs the earlier modules submitted (TensorFlow, the regressions,
+torch, a failed and a cancelled one) are runs with their params, tags, every epoch's metrics
+once and their artifacts; a client without the login is refused; the tracking server killed
+mid-job loses nothing; the UI in a real browser shows the runs and one run's chart (the
+screenshots go to .artifacts/)."""
+
+from __future__ import annotations
+
+import configparser
+import json
+import os
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import requests
+
+from tests.support.browser import screenshot
+from tests.support.stacks import ROOT, wait_until
+
+from .cli import EXAMPLES, status, trainstack
+from .conftest import MODELS, sh
+
+pytestmark = pytest.mark.e2e
+
+TRACKING_NODE = "control-1"
+AUTH_FILE = "/etc/trainstack/mlflow/auth.ini"
+SERVER_PROGRAM = "mlflow"
+SHOTS = ROOT / ".artifacts" / "screenshots"
+
+
+def _login(platform) -> tuple[str, str]:
+    code, text = sh(platform.container(TRACKING_NODE), f"cat {AUTH_FILE}")
+    assert code == 0, text
+    ini = configparser.ConfigParser()
+    ini.read_string(text)
+    return ini["mlflow"]["admin_username"], ini["mlflow"]["admin_password"]
+
+
+@pytest.fixture(scope="module")
+def mlflow_client(platform) -> Iterator:
+    """The MLflow client on the control machine, through the published UI (mlflowUiUrl)."""
+    from mlflow.tracking import MlflowClient
+
+    user, password = _login(platform)
+    saved = {k: os.environ.get(k) for k in ("MLFLOW_TRACKING_USERNAME", "MLFLOW_TRACKING_PASSWORD")}
+    os.environ["MLFLOW_TRACKING_USERNAME"], os.environ["MLFLOW_TRACKING_PASSWORD"] = user, password
+    try:
+        yield MlflowClient(platform.outputs()["mlflowUiUrl"])
+    finally:
+        for key, value in saved.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value
+
+
+def _run_of(client, job_id: str, timeout: float = 120):
+    """The run tagged with `job_id`, once its sync has completed it (tracking.json)."""
+    found: list = []
+
+    def synced() -> bool:
+        runs = client.search_runs(
+            [e.experiment_id for e in client.search_experiments()],
+            filter_string=f"tags.`trainstack.job_id` = '{job_id}'",
+        )
+        found[:] = runs
+        return len(runs) == 1 and runs[0].info.status != "RUNNING"
+
+    wait_until(f"the MLflow run of job {job_id}", synced, timeout)
+    return found[0]
+
+
+def _steps(client, run_id: str, key: str) -> list[int]:
+    return sorted(m.step for m in client.get_metric_history(run_id, key))
+
+
+def _record(platform, job_id: str) -> dict:
+    return status(platform, job_id)
+
+
+def test_the_declared_job_is_a_finished_run_with_its_epochs_and_artifacts(platform, mlflow_client):
+    training = platform.outputs()["training"]
+    job_id = training["job_id"]
+    assert training["tracking"]["run_id"] and training["tracking"]["url"], training
+    run = _run_of(mlflow_client, job_id)
+    assert run.info.run_id == training["tracking"]["run_id"]
+    assert run.info.status == "FINISHED", run.info
+    epochs = int(run.data.params["epochs"])
+    assert _steps(mlflow_client, run.info.run_id, "val_accuracy") == list(range(1, epochs + 1))
+    for tag in ("job_id", "code_sha", "framework", "mode", "stack", "spark_application"):
+        assert run.data.tags.get(f"trainstack.{tag}"), (tag, run.data.tags)
+    for param in ("workers", "epochs", "batch_size", "strategy", "dataset"):
+        assert param in run.data.params, (param, run.data.params)
+    artifacts = {a.path for a in mlflow_client.list_artifacts(run.info.run_id)}
+    assert {"curves.png", "metrics.json", "output.log"} <= artifacts, artifacts
+    assert any(p.startswith("model") for p in artifacts), artifacts
+
+
+def test_submitted_jobs_are_runs_whatever_their_framework_and_end(platform, mlflow_client):
+    listed = trainstack(platform, "list", "--json")
+    assert listed.returncode == 0, listed.stderr
+    jobs = json.loads(listed.stdout)
+    ends = {"succeeded": "FINISHED", "failed": "FAILED", "cancelled": "KILLED"}
+    seen: dict[str, set[str]] = {}
+    for job in jobs:
+        if job["state"] not in ends:
+            continue
+        run = _run_of(mlflow_client, job["id"])
+        assert run.info.status == ends[job["state"]], (job, run.info)
+        framework = run.data.tags["trainstack.framework"]
+        seen.setdefault(framework, set()).add(run.info.status)
+        if job["state"] == "failed":
+            assert run.data.tags.get("trainstack.error"), run.data.tags
+    # test_76 (a failed and a cancelled TensorFlow job) and test_79_torch ran before this.
+    assert seen.get("tensorflow", set()) >= {"FINISHED", "FAILED", "KILLED"}, seen
+    assert "FINISHED" in seen.get("torch", set()), seen
+
+
+def test_list_shows_one_metric_column_and_status_the_run(platform, mlflow_client):
+    listed = trainstack(platform, "list", "--metric", "val_loss")
+    assert listed.returncode == 0, listed.stderr
+    assert "val_loss" in listed.stdout.splitlines()[0], listed.stdout
+    job_id = platform.outputs()["training"]["job_id"]
+    shown = trainstack(platform, "status", job_id)
+    run = _run_of(mlflow_client, job_id)
+    assert run.info.run_id in shown.stdout, shown.stdout
+
+
+def test_a_client_without_the_login_is_refused(platform):
+    url = platform.outputs()["mlflowUiUrl"] + "/api/2.0/mlflow/experiments/search"
+    user, password = _login(platform)
+    ok = requests.get(url, params={"max_results": 5}, auth=(user, password), timeout=30)
+    assert ok.status_code == 200 and "experiments" in ok.json(), ok.text[:300]
+    anonymous = requests.get(url, params={"max_results": 5}, timeout=30)
+    assert anonymous.status_code == 401, anonymous.text[:300]
+    wrong = requests.get(url, params={"max_results": 5}, auth=(user, "not-it"), timeout=30)
+    assert wrong.status_code == 401, wrong.text[:300]
+
+
+def _server(platform, action: str) -> str:
+    code, out = sh(platform.container(TRACKING_NODE), f"supervisorctl {action} {SERVER_PROGRAM}")
+    assert code == 0, out
+    return out
+
+
+def test_the_server_killed_mid_job_loses_and_repeats_no_metric(platform, mlflow_client):
+    """The tracking server stops while a job trains: the job goes on; when the server is back,
+    the run is completed with every epoch's metrics exactly once."""
+    epochs = 80
+    submitted = trainstack(platform, "submit", str(EXAMPLES / "digits"), "--epochs", str(epochs))
+    assert submitted.returncode == 0, submitted.stderr
+    job_id = submitted.stdout.strip()
+    partial: list = []
+
+    def some_epochs_tracked() -> bool:
+        runs = mlflow_client.search_runs(
+            [e.experiment_id for e in mlflow_client.search_experiments()],
+            filter_string=f"tags.`trainstack.job_id` = '{job_id}'",
+        )
+        partial[:] = _steps(mlflow_client, runs[0].info.run_id, "val_loss") if runs else []
+        return bool(partial)
+
+    wait_until("the job's first epochs in MLflow", some_epochs_tracked, 180, every=0.5)
+    _server(platform, "stop")
+    try:
+        stopped_at = len(partial)
+        assert stopped_at < epochs, "the job was tracked to its end before the server stopped"
+        follow = trainstack(platform, "logs", "-f", job_id, timeout=600)
+        assert follow.returncode == 0, follow.stdout[-2000:] + follow.stderr
+        assert _record(platform, job_id)["state"] == "succeeded"
+        tracking_file = f"{MODELS}/{job_id}/tracking.json"
+        code, tracked = sh(platform.container(TRACKING_NODE), f"cat {tracking_file}")
+        assert code != 0 or not json.loads(tracked).get("complete"), tracked
+    finally:
+        _server(platform, "start")
+    run = _run_of(mlflow_client, job_id, timeout=240)
+    assert run.info.status == "FINISHED", run.info
+    for key in ("loss", "val_loss", "accuracy", "val_accuracy"):
+        assert _steps(mlflow_client, run.info.run_id, key) == list(range(1, epochs + 1)), key
+    print(f"server stopped after {stopped_at} of {epochs} epochs were tracked; all {epochs} once")
+
+
+def test_the_ui_shows_the_stacks_runs_and_a_runs_chart(platform, mlflow_client):
+    url = platform.outputs()["mlflowUiUrl"]
+    job_id = platform.outputs()["training"]["job_id"]
+    run = _run_of(mlflow_client, job_id)
+    experiment = run.info.experiment_id
+    login = _login(platform)
+    started = time.monotonic()
+    page = screenshot(
+        f"{url}/#/experiments/{experiment}/runs",
+        SHOTS / "mlflow-runs.png",
+        login=login,
+        wait_for=(run.info.run_name,),
+    )
+    assert "matching run" in page, page[:500]
+    screenshot(
+        f"{url}/#/experiments/{experiment}/runs/{run.info.run_id}/model-metrics",
+        SHOTS / "mlflow-run-metrics.png",
+        login=login,
+        wait_for=("val_accuracy",),
+        wait_css=("svg .scatterlayer .trace path",),
+    )
+    assert Path(SHOTS / "mlflow-run-metrics.png").stat().st_size > 10_000
+    print(f"two pages in {time.monotonic() - started:.1f} s; screenshots in {SHOTS}")
