@@ -33,6 +33,8 @@ WHEELHOUSE_MOUNT = f"{MOUNT_ROOT}/wheelhouse"
 # Every top-level place above (tests/unit/test_node_layout.py greps for them).
 ROOTS = (INSTALL_ROOT, CONF_ROOT, STATE_ROOT, LOG_ROOT, SHARED_ROOT, PROFILE_FILE, MOUNT_ROOT)
 INVENTORY_PREFIX = "trainstack_"
+# The runs' shared directory (models_dir), which the tracking artifacts live under.
+_MODELS_DIR = f"{SHARED_ROOT}/models"
 
 
 @dataclass(frozen=True)
@@ -45,6 +47,9 @@ class NodePaths:
     venv_dir: str = f"{INSTALL_ROOT}/venv"
     node_wheelhouse_dir: str = f"{INSTALL_ROOT}/wheelhouse"
     spark_distribution_dir: str = f"{INSTALL_ROOT}/spark"
+    # MLflow's own venv on the tracking node, layered on venv_dir (a .pth file names its
+    # site-packages), so the training package and its numpy/pandas/pyarrow serve both.
+    mlflow_venv_dir: str = f"{INSTALL_ROOT}/mlflow"
     # Configuration the roles write; spark_conf_dir is SPARK_CONF_DIR.
     conf_dir: str = CONF_ROOT
     spark_conf_dir: str = f"{CONF_ROOT}/spark"
@@ -52,6 +57,12 @@ class NodePaths:
     prometheus_conf_dir: str = f"{CONF_ROOT}/prometheus"
     process_exporter_config_file: str = f"{CONF_ROOT}/process-exporter.yml"
     blackbox_exporter_config_file: str = f"{CONF_ROOT}/blackbox.yml"
+    # The tracking server's configuration; mlflow_auth_file (mode 0600, owner trainstack) is
+    # MLflow's basic-auth ini and the one place its admin login is on the node: the server, the
+    # sync daemon and `trainstack` commands on that node read it ([mlflow] admin_username,
+    # admin_password).
+    mlflow_conf_dir: str = f"{CONF_ROOT}/mlflow"
+    mlflow_auth_file: str = f"{CONF_ROOT}/mlflow/auth.ini"
     # Environment of login shells (PATH with the venv, SPARK_CONF_DIR, PYSPARK_PYTHON).
     profile_file: str = PROFILE_FILE
     # Per-node state: the trainstack user's home; the ZooKeeper data and Spark recovery
@@ -62,13 +73,20 @@ class NodePaths:
     spark_worker_dir: str = f"{STATE_ROOT}/spark-work"
     prometheus_storage_dir: str = f"{STATE_ROOT}/prometheus"
     pushgateway_data_dir: str = f"{STATE_ROOT}/pushgateway"
+    # The tracking server's SQLite stores (runs; its users), on the node's own disk (SQLite on
+    # shared storage is unsafe): a volume of its own on the local stack's tracking node.
+    mlflow_data_dir: str = f"{STATE_ROOT}/mlflow"
     # The daemons' logs.
     log_dir: str = LOG_ROOT
     # Shared storage every node mounts (volumes on the local stack, the operator's mount on
     # servers): data sets, checkpoints, the runs (and the jobs' code and packages under it).
     data_dir: str = f"{SHARED_ROOT}/data"
     checkpoints_dir: str = f"{SHARED_ROOT}/checkpoints"
-    models_dir: str = f"{SHARED_ROOT}/models"
+    models_dir: str = _MODELS_DIR
+    # The tracking server's artifacts (each run's model, curves, logs), which it serves over
+    # HTTP: on the models' shared storage, a dot-directory that `trainstack list` (job-*/)
+    # never shows.
+    tracking_artifacts_dir: str = f"{_MODELS_DIR}/.mlflow"
 
     @property
     def shared_dirs(self) -> dict[str, str]:

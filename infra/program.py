@@ -147,6 +147,8 @@ def main() -> None:
     pulumi.export("sparkUiUrls", cluster.ui_urls)
     if cluster.monitoring_url is not None:
         pulumi.export("monitoringUrl", cluster.monitoring_url)
+    if cluster.tracking_url is not None:
+        pulumi.export("mlflowUiUrl", cluster.tracking_url)
     pulumi.export("nodes", cluster.nodes)
     if cluster.network_name is not None:
         pulumi.export("network", cluster.network_name)

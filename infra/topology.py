@@ -19,14 +19,21 @@ SPARK_MASTER_UI_PORT = 8080
 ZOOKEEPER_CLIENT_PORT = 2181
 PROMETHEUS_PORT = 9090
 PUSHGATEWAY_PORT = 9091
+# The MLflow tracking server's port on its node (the mlflow role's mlflow_port, through the
+# inventory's trainstack_tracking_port).
+MLFLOW_PORT = 5000
 MONITORING_ROLE = "monitoring"
-GROUPS = ("control", "workers", *ROLES)
+# The node of the MLflow tracking server (roles/mlflow): the first control node, on every
+# target; not a role a server of the ssh target lists.
+TRACKING_ROLE = "tracking"
+GROUPS = ("control", "workers", *ROLES, TRACKING_ROLE)
 
 # Where each volume is mounted: the node layout (infra/nodes.py), which the inventory hands the
 # roles (docs/provisioning.md is the contract).
 SHARED_MOUNTS = NODE_PATHS.shared_dirs
 ZOOKEEPER_MOUNT = NODE_PATHS.zookeeper_data_dir
 SPARK_RECOVERY_MOUNT = NODE_PATHS.spark_recovery_dir
+TRACKING_MOUNT = NODE_PATHS.mlflow_data_dir
 
 LABEL_PROJECT = "org.trainstack.project"
 LABEL_STACK = "org.trainstack.stack"
@@ -50,6 +57,7 @@ class NodeSpec:
     zookeeper_id: int | None = None
     ui_port: int | None = None  # host port for the Spark master UI; 0: the engine picks
     monitoring_port: int | None = None  # host port for Prometheus's UI; 0: the engine picks
+    tracking_port: int | None = None  # host port for the MLflow UI; 0: the engine picks
     volumes: dict[str, str] = field(default_factory=dict)  # volume suffix -> mount path
     # GPUs: how many its Spark worker must find (0: no GPU scheduling, nothing in its
     # config), and the docker target's container `gpus` ("" = none, "all", "device=0,1").
@@ -63,6 +71,10 @@ class NodeSpec:
     @property
     def is_monitoring(self) -> bool:
         return MONITORING_ROLE in self.roles
+
+    @property
+    def is_tracking(self) -> bool:
+        return TRACKING_ROLE in self.roles
 
 
 def plan(config: StackConfig) -> list[NodeSpec]:
@@ -79,6 +91,12 @@ def plan(config: StackConfig) -> list[NodeSpec]:
         monitoring = config.monitoring and i == 1
         if monitoring:
             roles += (MONITORING_ROLE,)
+        # The tracking server too, for the same reasons; its SQLite stores get a volume of
+        # their own, so a replaced container keeps the runs.
+        tracking = config.tracking and i == 1
+        if tracking:
+            roles += (TRACKING_ROLE,)
+            volumes[f"mlflow-control-{i}"] = TRACKING_MOUNT
         nodes.append(
             NodeSpec(
                 key=f"control-{i}",
@@ -91,6 +109,7 @@ def plan(config: StackConfig) -> list[NodeSpec]:
                 if master
                 else None,
                 monitoring_port=config.monitoring_host_port if monitoring else None,
+                tracking_port=config.tracking_host_port if tracking else None,
                 volumes=volumes,
             )
         )
@@ -116,15 +135,18 @@ def server_plan(config: StackConfig, servers: Sequence[Server]) -> list[NodeSpec
     `memory` are the config's per group (only the docker target enforces them)."""
     nodes: list[NodeSpec] = []
     zookeeper_id = 0
+    # The tracking server on the first control server, as on the docker target.
+    tracker = next((s.name for s in servers if s.group == "control"), None)
     for server in servers:
         if "zookeeper" in server.roles:
             zookeeper_id += 1
         control = server.group == "control"
+        tracking = config.tracking and server.name == tracker
         nodes.append(
             NodeSpec(
                 key=server.name,
                 group=server.group,
-                roles=server.roles,
+                roles=(*server.roles, TRACKING_ROLE) if tracking else server.roles,
                 cpus=config.control_cpus if control else config.worker_cpus,
                 memory=config.control_memory if control else config.worker_memory,
                 zookeeper_id=zookeeper_id if "zookeeper" in server.roles else None,
@@ -180,6 +202,35 @@ def monitoring_vars(
     }
 
 
+def tracking_node(nodes: list[NodeSpec]) -> NodeSpec | None:
+    return next((n for n in nodes if n.is_tracking), None)
+
+
+def tracking_uri(nodes: list[NodeSpec], reach: Mapping[str, str] | None = None) -> str | None:
+    """The tracking server's URL on the cluster network (what nodes log to); None: off."""
+    node = tracking_node(nodes)
+    if node is None:
+        return None
+    return f"http://{(reach or {}).get(node.key, node.key)}:{MLFLOW_PORT}"
+
+
+def tracking_vars(
+    nodes: list[NodeSpec], reach: Mapping[str, str] | None = None, ui_url: str = ""
+) -> dict:
+    """Inventory variables of the tracking server and its sync (roles/mlflow): its URL on the
+    cluster network, and the UI's URL as the operator reaches it ("" when unknown), which the
+    sync records with each run."""
+    uri = tracking_uri(nodes, reach)
+    if uri is None:
+        return {"trainstack_tracking_enabled": False}
+    return {
+        "trainstack_tracking_enabled": True,
+        "trainstack_tracking_port": MLFLOW_PORT,
+        "trainstack_tracking_uri": uri,
+        "trainstack_tracking_ui_url": ui_url,
+    }
+
+
 def labels(project: str, prefix: str, **extra: str) -> dict[str, str]:
     return {LABEL_PROJECT: project, LABEL_STACK: prefix, LABEL_MANAGED_BY: MANAGED_BY, **extra}
 
@@ -192,6 +243,7 @@ def inventory(
     node_image: str | None = None,
     servers: Sequence[Server] | None = None,
     known_hosts: str | None = None,
+    tracking_ui_url: str = "",
 ) -> dict:
     """An Ansible YAML inventory (as a dict) for the stack's nodes.
 
@@ -202,6 +254,8 @@ def inventory(
     server's address, port and user (the playbooks become root for a non-root user), and
     nodes reach each other at the servers' node addresses. `known_hosts` is the file of
     host keys the ssh target recorded; every connection is checked against it.
+    `tracking_ui_url`: the MLflow UI as the operator reaches it (the stack output
+    `mlflowUiUrl`), or "".
     """
     addresses = addresses or {}
     by_name = {s.name: s for s in servers or ()}
@@ -249,6 +303,7 @@ def inventory(
         # server; the common role checks that every node sees the same one.
         all_vars["trainstack_shared_storage_check"] = True
     all_vars.update(monitoring_vars(config, nodes, reach))
+    all_vars.update(tracking_vars(nodes, reach, tracking_ui_url))
     if node_image:
         # The nodes start from this baked image: every install is already done.
         all_vars["trainstack_node_image"] = node_image

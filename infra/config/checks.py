@@ -220,6 +220,30 @@ def _monitoring_port(c: StackValues) -> str | None:
     return None
 
 
+def _tracking_port(c: StackValues) -> str | None:
+    port = c.tracking_host_port
+    if c.tracking_port < -1 or (port != 0 and not 1024 <= port <= 65535):
+        return (
+            f"{_key('tracking_port')}: {c.tracking_port} gives port {port}, out of range; "
+            "allowed is -1 (uiPortBase + 1020, or engine-picked when uiPortBase is 0), 0 (the "
+            "engine picks a free port) or 1024..65535"
+        )
+    if not c.tracking or not port:
+        return None
+    if c.ui_port_base and c.ui_port_base <= port < c.ui_port_base + c.masters:
+        return (
+            f"{_key('tracking_port')}: {port} is one of the Spark master UI ports "
+            f"({_key('ui_port_base')} {c.ui_port_base} and the next {c.masters - 1}); "
+            "choose another port"
+        )
+    if c.monitoring and port == c.monitoring_host_port:
+        return (
+            f"{_key('tracking_port')}: {port} is Prometheus's UI port "
+            f"({_key('monitoring_port')}); choose another port"
+        )
+    return None
+
+
 def _target(c: StackValues) -> str | None:
     if c.target == "ssh" and not c.servers:
         return (
@@ -357,6 +381,7 @@ CHECKS: list[Callable[[StackValues], str | None]] = [
     _duration_check("monitoring_scrape_interval", 1),
     _duration_check("monitoring_alert_for", 0),
     _duration_check("monitoring_progress_timeout", 60),
+    _tracking_port,
     _runner_keep_alive,
     _target,
     _server_list,

@@ -15,6 +15,8 @@ from infra.config.values import PROJECT_DIR, parse_duration, parse_size
 
 # trainstack:monitoringPort -1 (the default) puts Prometheus's UI at uiPortBase + this: 19090.
 MONITORING_PORT_OFFSET = 1010
+# trainstack:trackingPort -1 (the default) puts the MLflow UI at uiPortBase + this: 19100.
+TRACKING_PORT_OFFSET = 1020
 
 
 @dataclass(frozen=True)
@@ -77,6 +79,10 @@ class StackValues:
     monitoring_scrape_interval: str = "5s"
     monitoring_alert_for: str = "1m"
     monitoring_progress_timeout: str = "10m"
+    # Tracking (docs/monitoring.md, "Tracking server"): an MLflow server on the first control
+    # node, every job a run.
+    tracking: bool = True
+    tracking_port: int = -1  # -1: uiPortBase + 1020 (19100), or 0 when uiPortBase is 0
     # Targets (docs/targets.md): only docker is selectable.
     target: str = "docker"
     servers: tuple[Server, ...] = ()  # the ssh target's server list
@@ -114,6 +120,14 @@ class StackValues:
         if self.monitoring_port != -1:
             return self.monitoring_port
         return self.ui_port_base + MONITORING_PORT_OFFSET if self.ui_port_base else 0
+
+    @property
+    def tracking_host_port(self) -> int:
+        """Host port of the MLflow UI: as set, or next to the Spark UIs' (engine-picked with
+        them), so stacks that let the engine pick their ports never collide."""
+        if self.tracking_port != -1:
+            return self.tracking_port
+        return self.ui_port_base + TRACKING_PORT_OFFSET if self.ui_port_base else 0
 
     @property
     def monitoring_progress_timeout_seconds(self) -> int:

@@ -6,6 +6,9 @@ Layout of a wheelhouse root (``trainstack_wheelhouse_dir``)::
     <root>/tensorflow/   tensorflow-cpu, tf-keras (no deps) and the training package's other
                          dependencies (pyspark is in spark/ only)
     <root>/training/     the trainstack-training wheel built from ``training/``
+    <root>/mlflow/       MLflow with its auth extra (the tracking server and the sync daemon,
+                         in a venv layered on the training venv: pip on the node installs
+                         only what that venv lacks)
 
 Each set directory holds a ``.trainstack-key`` file: the SHA-256 of the pinned requirement set
 (or of the training sources). A set whose key matches is reused as it is (no network, no
@@ -35,6 +38,9 @@ KEY_FILE = ".trainstack-key"
 PYSPARK = "pyspark==4.0.1"
 TENSORFLOW = "tensorflow-cpu==2.21.0"
 TF_KERAS = "tf-keras==2.21.0"  # installed with --no-deps: its metadata pulls full `tensorflow`
+# The tracking server (the mlflow role's mlflow_version; the control machine's client pin in
+# pyproject.toml's dev extra and constraints.txt is the same).
+MLFLOW = "mlflow[auth]==3.17.2"
 
 
 class WheelhouseError(RuntimeError):
@@ -67,6 +73,7 @@ def default_sets(training_dir: Path = TRAINING_DIR) -> list[WheelSet]:
     return [
         WheelSet("spark", [PYSPARK]),
         WheelSet("tensorflow", tf_reqs, nodeps=[TF_KERAS]),
+        WheelSet("mlflow", [MLFLOW]),
     ]
 
 

@@ -295,7 +295,9 @@ def servers_of(
             user=LOGIN_USER,
             port=SSH_PORT,
             private_key_file=private_key_file,
-            roles=spec.roles,
+            # The ssh target puts the tracking server on its first control server itself;
+            # `tracking` is no role a server lists.
+            roles=tuple(r for r in spec.roles if r != topology.TRACKING_ROLE),
         )
         for spec in plan
     ]

@@ -57,6 +57,12 @@ class ClusterOutputs(Protocol):
         """Prometheus's UI; None when trainstack:monitoring is off."""
 
     @property
+    def tracking_url(self) -> pulumi.Output[str] | None:
+        """The MLflow tracking server's UI as the operator reaches it (the `mlflowUiUrl`
+        output): the published port on the docker target, the server's cluster address on
+        the ssh target; None when trainstack:tracking is off."""
+
+    @property
     def spark_auth_secret(self) -> pulumi.Output[str]:
         """The cluster secret (`components.secret.cluster_secret`), for provisioning."""
 

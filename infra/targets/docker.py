@@ -24,6 +24,7 @@ from infra.topology import (
     LABEL_DATA,
     LABEL_NODE,
     LABEL_ROLES,
+    MLFLOW_PORT,
     PROMETHEUS_PORT,
     SPARK_MASTER_UI_PORT,
     NodeSpec,
@@ -60,6 +61,16 @@ def preflight(config: StackConfig, prefix: str, plan: list[NodeSpec]) -> str:
         },
         what="Prometheus UI",
         key="trainstack:monitoringPort",
+    )
+    engine.check_ports_free(
+        client,
+        {
+            f"{prefix}-{spec.key}": (config.bind_address, spec.tracking_port)
+            for spec in plan
+            if spec.tracking_port
+        },
+        what="MLflow UI",
+        key="trainstack:trackingPort",
     )
     return base_id
 
@@ -130,6 +141,7 @@ class DockerCluster(pulumi.ComponentResource):
     spark_master_url: str
     ui_urls: pulumi.Output[dict[str, str]]
     monitoring_url: pulumi.Output[str] | None
+    tracking_url: pulumi.Output[str] | None
     spark_auth_secret: pulumi.Output[str]
     secret_id: pulumi.Output[str]
     submit_candidates: list[dict]
@@ -215,6 +227,14 @@ class DockerCluster(pulumi.ComponentResource):
             if monitor
             else None
         )
+        tracker = topology.tracking_node(plan)
+        self.tracking_url = (
+            nodes[tracker.key].tracking_port.apply(
+                lambda port: f"http://{shown_host}:{port}" if port else ""
+            )
+            if tracker
+            else None
+        )
         self.nodes = pulumi.Output.all(addresses, container_ids).apply(
             lambda ac: [
                 {
@@ -227,9 +247,18 @@ class DockerCluster(pulumi.ComponentResource):
                 for spec in plan
             ]
         )
-        self.inventory = addresses.apply(
-            lambda a: topology.inventory(
-                config, prefix, plan, addresses=a, node_image=args.node_image_tag
+        # The MLflow UI's published URL goes into the inventory too: the sync records it
+        # with each run.
+        self.inventory = pulumi.Output.all(
+            addresses, self.tracking_url if self.tracking_url is not None else ""
+        ).apply(
+            lambda at: topology.inventory(
+                config,
+                prefix,
+                plan,
+                addresses=at[0],
+                node_image=args.node_image_tag,
+                tracking_ui_url=at[1],
             )
         )
         # Node records (infra.transport): the docker target's nodes are its containers.
@@ -285,6 +314,7 @@ class Node(pulumi.ComponentResource):
     address: pulumi.Output[str]
     ui_port: pulumi.Output[int | None]
     monitoring_port: pulumi.Output[int | None]
+    tracking_port: pulumi.Output[int | None]
 
     def __init__(
         self, name: str, args: NodeArgs, opts: pulumi.ResourceOptions | None = None
@@ -310,8 +340,12 @@ class Node(pulumi.ComponentResource):
             mounts.append(
                 docker.ContainerMountArgs(type="volume", source=volume.name, target=target)
             )
-        # Published ports: the master UI and Prometheus's, on the nodes that have them.
-        published = {SPARK_MASTER_UI_PORT: spec.ui_port, PROMETHEUS_PORT: spec.monitoring_port}
+        # Published ports: the master UI, Prometheus's and MLflow's, on the nodes that have them.
+        published = {
+            SPARK_MASTER_UI_PORT: spec.ui_port,
+            PROMETHEUS_PORT: spec.monitoring_port,
+            MLFLOW_PORT: spec.tracking_port,
+        }
         ports = [
             docker.ContainerPortArgs(internal=inner, external=outer or None, ip=args.bind_address)
             for inner, outer in published.items()
@@ -349,6 +383,7 @@ class Node(pulumi.ComponentResource):
         )
         self.ui_port = container.ports.apply(lambda ps: _host_port(ps, SPARK_MASTER_UI_PORT))
         self.monitoring_port = container.ports.apply(lambda ps: _host_port(ps, PROMETHEUS_PORT))
+        self.tracking_port = container.ports.apply(lambda ps: _host_port(ps, MLFLOW_PORT))
         self.register_outputs(
             {"container_id": self.container_id, "address": self.address, "ui_port": self.ui_port}
         )

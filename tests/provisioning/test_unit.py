@@ -98,6 +98,12 @@ def test_pins_agree_between_wheelhouse_and_roles():
     assert (
         f"tf-keras=={_defaults('tensorflow')['tensorflow_tf_keras_version']}" == wheelhouse.TF_KERAS
     )
+    assert f"mlflow[auth]=={_defaults('mlflow')['mlflow_version']}" == wheelhouse.MLFLOW
+    assert wheelhouse.WheelSet("mlflow", [wheelhouse.MLFLOW]) in wheelhouse.default_sets()
+    # The control machine's client is the same MLflow (constraints.txt).
+    assert f"mlflow=={_defaults('mlflow')['mlflow_version']}" in (
+        (REPO / "constraints.txt").read_text().splitlines()
+    )
 
 
 def test_wheelhouse_key_depends_on_pins_only():

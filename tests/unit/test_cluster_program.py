@@ -89,6 +89,7 @@ def test_default_stack_declares_network_storage_and_five_servers(mocks):
                 "trainstack-unit-zookeeper-control-3",
                 "trainstack-unit-spark-recovery-control-1",
                 "trainstack-unit-spark-recovery-control-2",
+                "trainstack-unit-mlflow-control-1",
             ]
         )
 
@@ -113,7 +114,9 @@ def test_containers_carry_labels_limits_hostnames_and_network(mocks):
         assert labels(worker)[LABEL_STACK] == "trainstack-unit"
         assert labels(worker)[LABEL_MANAGED_BY] == MANAGED_BY
         assert labels(worker)[LABEL_ROLES] == "spark_worker,tensorflow"
-        assert labels(by_host["control-1"])[LABEL_ROLES] == "zookeeper,spark_master,monitoring"
+        assert labels(by_host["control-1"])[LABEL_ROLES] == (
+            "zookeeper,spark_master,monitoring,tracking"
+        )
         assert labels(by_host["control-2"])[LABEL_ROLES] == "zookeeper,spark_master"
         assert by_host["control-1"]["memory"] == 1024
         targets = {m["target"] for m in worker["mounts"]}
@@ -155,10 +158,12 @@ def test_only_master_uis_are_published_and_on_loopback(mocks):
             if c.inputs.get("ports")
         }
         assert set(published) == {"control-1", "control-2"}
-        # control-1 also publishes Prometheus's UI (the monitoring node, docs/monitoring.md).
+        # control-1 also publishes Prometheus's UI (the monitoring node, docs/monitoring.md)
+        # and MLflow's (the tracking node).
         assert [(p["internal"], p["ip"]) for p in published["control-1"]] == [
             (8080, "127.0.0.1"),
             (9090, "127.0.0.1"),
+            (5000, "127.0.0.1"),
         ]
         assert [(p["internal"], p["ip"]) for p in published["control-2"]] == [(8080, "127.0.0.1")]
         assert urls == {
@@ -187,9 +192,46 @@ def test_monitoring_off_publishes_no_prometheus_port(mocks):
 
     def check(_):
         ports = [p for c in mocks.of_type(CONTAINER) for p in c.inputs.get("ports") or []]
-        assert all(p["internal"] == 8080 for p in ports)
+        assert all(p["internal"] in (8080, 5000) for p in ports)
+        assert any(p["internal"] == 5000 for p in ports)  # tracking stays on
 
     return cluster.nodes.apply(check)
+
+
+@pulumi.runtime.test
+def test_tracking_url_is_the_published_mlflow_port_and_in_the_inventory(mocks):
+    cluster = build(StackConfig())
+    assert cluster.tracking_url is not None
+
+    def check(args):
+        url, inventory = args
+        assert url == "http://127.0.0.1:19100"
+        all_vars = inventory["all"]["vars"]
+        assert all_vars["trainstack_tracking_ui_url"] == url
+        assert all_vars["trainstack_tracking_uri"] == "http://control-1:5000"
+        assert list(inventory["all"]["children"]["tracking"]["hosts"]) == ["control-1"]
+        control_1 = next(
+            c.inputs for c in mocks.of_type(CONTAINER) if c.inputs["hostname"] == "control-1"
+        )
+        mounts = {m["target"]: m["source"] for m in control_1["mounts"]}
+        assert mounts["/var/lib/trainstack/mlflow"] == "trainstack-unit-mlflow-control-1"
+
+    return pulumi.Output.all(cluster.tracking_url, cluster.inventory).apply(check)
+
+
+@pulumi.runtime.test
+def test_tracking_off_publishes_no_mlflow_port_and_declares_no_volume(mocks):
+    cluster = build(StackConfig(tracking=False))
+    assert cluster.tracking_url is None
+
+    def check(inventory):
+        ports = [p for c in mocks.of_type(CONTAINER) for p in c.inputs.get("ports") or []]
+        assert all(p["internal"] != 5000 for p in ports)
+        assert not any("mlflow" in v.inputs["name"] for v in mocks.of_type(VOLUME))
+        assert inventory["all"]["children"]["tracking"]["hosts"] == {}
+        assert inventory["all"]["vars"]["trainstack_tracking_enabled"] is False
+
+    return cluster.inventory.apply(check)
 
 
 @pulumi.runtime.test

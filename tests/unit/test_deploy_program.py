@@ -295,6 +295,7 @@ def docker_cluster_urns(workers: int) -> list[str]:
         *(f"{NODE}$docker:index/container:Container::{n}-container" for n in nodes),
         *(f"{NODE}$docker:index/volume:Volume::zookeeper-control-{i}" for i in (1, 2, 3)),
         *(f"{NODE}$docker:index/volume:Volume::spark-recovery-control-{i}" for i in (1, 2)),
+        f"{NODE}$docker:index/volume:Volume::mlflow-control-1",
     ]
 
 
@@ -319,15 +320,16 @@ PROGRAM_URNS = {
 DOCKER_OUTPUTS = ["inventory", "network", "nodeImage", "nodes", "sparkMasterUrl", "sparkUiUrls"]
 JOB_OUTPUTS = ["jobDefaults", "jobNodes", "training"]
 PROGRAM_OUTPUTS = {
-    "docker": [*DOCKER_OUTPUTS, "monitoringUrl", "provisioning", *JOB_OUTPUTS],
-    "docker-unbaked": [*DOCKER_OUTPUTS, "provisioning"],
-    "docker-bare": [*DOCKER_OUTPUTS, "monitoringUrl"],
+    "docker": [*DOCKER_OUTPUTS, "monitoringUrl", "mlflowUiUrl", "provisioning", *JOB_OUTPUTS],
+    "docker-unbaked": [*DOCKER_OUTPUTS, "mlflowUiUrl", "provisioning"],
+    "docker-bare": [*DOCKER_OUTPUTS, "monitoringUrl", "mlflowUiUrl"],
     "ssh": [
         "inventory",
         "nodes",
         "sparkMasterUrl",
         "sparkUiUrls",
         "monitoringUrl",
+        "mlflowUiUrl",
         "provisioning",
         *JOB_OUTPUTS,
     ],
@@ -353,6 +355,7 @@ def test_docker_program_outputs(monkeypatch, tmp_path):
         "control-2": "http://127.0.0.1:18081",
     }
     assert out["monitoringUrl"] == "http://127.0.0.1:19090"
+    assert out["mlflowUiUrl"] == "http://127.0.0.1:19100"
     assert out["network"] == "trainstack-unit-net"
     assert out["nodeImage"]["tag"].startswith("trainstack-node:")
     assert out["nodes"][3] == {
@@ -389,9 +392,13 @@ def test_ssh_program_outputs(monkeypatch, tmp_path):
         "zk-b": "http://192.0.2.11:8080",
     }
     assert out["monitoringUrl"] == "http://192.0.2.10:9090"
+    # The tracking server on the first control server, at its cluster address.
+    assert out["mlflowUiUrl"] == "http://192.0.2.10:5000"
+    assert out["inventory"]["all"]["vars"]["trainstack_tracking_uri"] == "http://192.0.2.10:5000"
+    assert out["inventory"]["all"]["children"]["tracking"]["hosts"] == {"zk-a": {}}
     assert out["nodes"][0] == {
         "name": "zk-a",
-        "roles": ["zookeeper", "spark_master", "monitoring"],
+        "roles": ["zookeeper", "spark_master", "monitoring", "tracking"],
         "address": "192.0.2.10",
         "facts": {"os": "Debian GNU/Linux 12", "cores": 4},
     }

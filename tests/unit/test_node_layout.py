@@ -211,7 +211,11 @@ def test_the_python_users_read_the_layout():
     }
     config = StackConfig()
     mounts = {m for n in topology.plan(config) for m in n.volumes.values()}
-    assert mounts == {NODE_PATHS.zookeeper_data_dir, NODE_PATHS.spark_recovery_dir}
+    assert mounts == {
+        NODE_PATHS.zookeeper_data_dir,
+        NODE_PATHS.spark_recovery_dir,
+        NODE_PATHS.mlflow_data_dir,
+    }
 
 
 def test_teardown_removes_the_warm_runners_state_where_the_runner_keeps_it():

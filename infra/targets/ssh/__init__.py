@@ -161,6 +161,7 @@ class SshCluster(pulumi.ComponentResource):
     spark_master_url: str
     ui_urls: pulumi.Output[dict[str, str]]
     monitoring_url: pulumi.Output[str] | None
+    tracking_url: pulumi.Output[str] | None
     spark_auth_secret: pulumi.Output[str]
     secret_id: pulumi.Output[str]
     submit_candidates: list[dict]
@@ -251,6 +252,13 @@ class SshCluster(pulumi.ComponentResource):
             if monitor
             else None
         )
+        # The MLflow server listens on its server's cluster address (nodeAddress, else
+        # address), not on every address: its UI is reached there or through `ssh -L`
+        # (docs/security.md). None when trainstack:tracking is off.
+        tracking_uri = topology.tracking_uri(plan, reach)
+        self.tracking_url = (
+            pulumi.Output.from_input(tracking_uri) if tracking_uri is not None else None
+        )
         self.nodes = last_read.apply(
             lambda f: [
                 {
@@ -265,7 +273,12 @@ class SshCluster(pulumi.ComponentResource):
         # Provisioning follows the facts: it runs after every server answered.
         self.inventory = every_fact.apply(
             lambda _: topology.inventory(
-                config, self.prefix, plan, servers=servers, known_hosts=str(self.known_hosts)
+                config,
+                self.prefix,
+                plan,
+                servers=servers,
+                known_hosts=str(self.known_hosts),
+                tracking_ui_url=tracking_uri or "",
             )
         )
         self.submit_candidates = [
