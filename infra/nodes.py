@@ -44,6 +44,8 @@ class NodePaths:
     install_dir: str = INSTALL_ROOT
     venv_dir: str = f"{INSTALL_ROOT}/venv"
     node_wheelhouse_dir: str = f"{INSTALL_ROOT}/wheelhouse"
+    # The tracking node's venv: MLflow and the training package (its sync, tracking.py).
+    mlflow_venv_dir: str = f"{INSTALL_ROOT}/mlflow"
     spark_distribution_dir: str = f"{INSTALL_ROOT}/spark"
     # Configuration the roles write; spark_conf_dir is SPARK_CONF_DIR.
     conf_dir: str = CONF_ROOT
