@@ -191,6 +191,8 @@ def main() -> None:
                 # A submitted job's manifest names its own data; else the stack's.
                 "data": stack_data(config),
                 "master_url": url,
+                # The experiment of a submitted job's MLflow run that names none (tracking).
+                "stack": stack,
             }
         ),
     )

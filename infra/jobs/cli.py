@@ -4,7 +4,8 @@
     trainstack [-s STACK] status [JOB_ID] [--json]
     trainstack [-s STACK] logs [-f] [--rank N] JOB_ID
     trainstack [-s STACK] cancel JOB_ID
-    trainstack [-s STACK] list [--json]
+    trainstack [-s STACK] list [--metric NAME] [--json]
+    trainstack [-s STACK] sync [JOB_ID]
 
 The stack is picked as Pulumi picks it: `--stack`/`-s`, or the selected stack. Everything goes
 over the stack's own transports (`docker exec` on the local stack, SSH on the ssh target):
@@ -94,7 +95,10 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("cancel", help="stop a job: no process of it is left on any node")
     p.add_argument("job_id")
     p = sub.add_parser("list", help="the stack's jobs, oldest first")
+    p.add_argument("--metric", default="", help="a column with this metric's final value")
     p.add_argument("--json", action="store_true")
+    p = sub.add_parser("sync", help="sync the job's MLflow run now (default: every job's)")
+    p.add_argument("job_id", nargs="?", default="")
     return parser
 
 
@@ -117,6 +121,8 @@ def run(args: argparse.Namespace) -> int:
                 raise CliError("no jobs on this stack yet", EXIT_INPUT)
             job_id = records[-1]["id"]
         record = jobs.record(job_id)
+        tracking = jobs.tracking(job_id)
+        record = {**record, **({"tracking": tracking} if tracking else {})}
         if args.json:
             print(json.dumps({**record, "state": shown_state(record)}, sort_keys=True))
         else:
@@ -127,8 +133,10 @@ def run(args: argparse.Namespace) -> int:
         if args.json:
             print(json.dumps(records, sort_keys=True))
             return 0
-        print_list(records)
+        print_list(records, args.metric)
         return 0
+    if args.command == "sync":
+        return sync(jobs, args.job_id)
     if args.command == "cancel":
         record = jobs.cancel(args.job_id)
         print(f"job {args.job_id}: {record.get('state')}")
@@ -136,6 +144,26 @@ def run(args: argparse.Namespace) -> int:
     if args.command == "logs":
         return follow_logs(jobs, args.job_id, args.follow, args.rank)
     raise CliError(f"unknown command {args.command!r}", EXIT_INPUT)
+
+
+def sync(jobs: Jobs, job_id: str) -> int:
+    """`trainstack sync`: one line per job synced (or why not)."""
+    if not jobs.tracking_setup.get("node"):
+        print("tracking is off on this stack (trainstack:tracking): nothing to sync")
+        return 0
+    if job_id:
+        jobs.record(job_id)  # an unknown job: exit 2, as for the other commands
+    synced = jobs.sync(job_id).get("synced") or []
+    for s in synced:
+        if s.get("error"):
+            print(f"{s.get('job_id')}: not synced: {s['error']}")
+        elif s.get("skipped"):
+            print(f"{s.get('job_id')}: up to date")
+        else:
+            where = s.get("url") or f"run {s.get('run_id')}"
+            print(f"{s.get('job_id')}: {s.get('status')}, {s.get('metrics')} metric points, "
+                  f"{len(s.get('artifacts') or [])} artifacts: {where}")  # fmt: skip
+    return EXIT_FAILED if any(s.get("error") for s in synced) else 0
 
 
 def main(argv: list[str] | None = None) -> int:

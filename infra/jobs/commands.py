@@ -21,6 +21,7 @@ from typing import Any
 
 from trainstack_training.ranklog import RANK_LOG
 from trainstack_training.runner import INSTALL_SCRIPT
+from trainstack_training.tracking import TRACKING_FILE
 
 from infra.config.values import PROJECT_DIR
 from infra.jobs import envs
@@ -30,6 +31,7 @@ from infra.jobs.package import JobDirError, Packed, pack
 from infra.jobs.remote import (
     JOB_USER,
     JOBS_DIR,
+    MLFLOW_VENV,
     MODELS_DIR,
     NODE_ENV,
     NODE_VENV,
@@ -122,6 +124,9 @@ class Jobs:
     def __init__(self, outputs: dict[str, Any]) -> None:
         self.defaults: dict[str, Any] = outputs["jobDefaults"]
         self.nodes: list[Transport] = transports_for(outputs["jobNodes"])
+        # Tracking on (the stack's `tracking` output: the tracking node's record, the server's
+        # URI, the auth file on that node, the UI's URL), else {}.
+        self.tracking_setup: dict[str, Any] = dict(outputs.get("tracking") or {})
 
     def any_node(self) -> Transport:
         try:
@@ -150,6 +155,36 @@ class Jobs:
                 return dict(json.loads(text))
             time.sleep(0.2)
         raise CliError(f"{path} on {node.name} is not valid JSON", EXIT_FAILED)
+
+    def tracking(self, job_id: str, node: Transport | None = None) -> dict[str, Any]:
+        """The job's tracking.json (its MLflow run, tracking.py), or {} when it has none."""
+        node = node or self.any_node()
+        try:
+            return dict(json.loads(node.fetch(f"{MODELS_DIR}/{job_id}/{TRACKING_FILE}")))
+        except (TransportError, ValueError, TypeError):
+            return {}
+
+    def sync(self, job_id: str) -> dict[str, Any]:
+        """Sync the job's MLflow run (all jobs' without `job_id`) now, on the tracking node:
+        the `sync` command's JSON line (tracking.py)."""
+        setup = self.tracking_setup
+        if not setup.get("node"):
+            raise CliError("tracking is off on this stack (trainstack:tracking)", EXIT_INPUT)
+        node = transports_for([setup["node"]])[0]
+        command = [
+            f"{MLFLOW_VENV}/bin/python", "-m", "trainstack_training.tracking", "sync",
+            "--models-dir", MODELS_DIR, "--tracking-uri", str(setup.get("tracking_uri", "")),
+            "--auth-file", str(setup.get("auth_file", "")), "--ui-url",
+            str(setup.get("ui_url", "")), "--stack", str(self.defaults.get("stack") or ""),
+            *(["--job", job_id] if job_id else []),
+        ]  # fmt: skip
+        code, out = node.run(command, user=JOB_USER)
+        lines = out.decode(errors="replace").strip().splitlines()
+        found = [line for line in lines if line.startswith("{")]
+        if code not in (0, EXIT_FAILED) or not found:
+            said = lines[-1] if lines else f"exit {code}"
+            raise CliError(f"sync on {node.name}: {said}", EXIT_INPUT if code == 2 else 3)
+        return dict(json.loads(found[-1]))
 
     def records(self) -> list[dict[str, Any]]:
         node = self.any_node()
@@ -213,6 +248,11 @@ class Jobs:
             "epochs": launch.epochs,
             "workers": launch.workers,
             "data": launch.data,
+            "batch_size": launch.batch_size,
+            "strategy": launch.strategy,
+            # The MLflow experiment of its run (tracking): the manifest's, else the stack's.
+            "experiment": spec.experiment,
+            "stack": str(self.defaults.get("stack") or ""),
         }
         command = queued_command(launch, run_dir, f"trainstack-{job_id}", install=bool(install))
         detached = f"setsid nohup {shlex.join(command)} >/dev/null 2>&1 </dev/null &"

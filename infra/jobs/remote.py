@@ -18,6 +18,8 @@ from infra.transport import Transport, TransportError, transports_for
 
 # The node layout (infra/nodes.py): the venv the roles install into, the runs' shared storage.
 NODE_VENV = NODE_PATHS.venv_dir
+# The tracking node's venv (MLflow and the training package): `trainstack sync` runs there.
+MLFLOW_VENV = NODE_PATHS.mlflow_venv_dir
 MODELS_DIR = NODE_PATHS.models_dir
 # The jobs' code, content-addressed (<sha>/), on the same shared volume as the runs.
 JOBS_DIR = f"{MODELS_DIR}/jobs"

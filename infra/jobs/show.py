@@ -67,14 +67,35 @@ def print_status(record: dict[str, Any]) -> None:
         )
     if record.get("error"):
         lines.append(f"  error: {record['error']}")
+    lines += tracking_lines(record.get("tracking") or {})
     print("\n".join(lines))
 
 
-def print_list(records: list[dict[str, Any]]) -> None:
-    """One line a job, oldest first, under a header."""
-    print(f"{'JOB ID':<28} {'STATE':<10} {'AGE':>6}  CODE          JOB")
+def tracking_lines(tracking: dict[str, Any]) -> list[str]:
+    """The job's MLflow run, from its tracking.json (nothing when it has none)."""
+    if not tracking.get("run_id"):
+        return []
+    synced = "" if tracking.get("complete") else " (not complete yet: `trainstack sync`)"
+    where = f" {tracking['url']}" if tracking.get("url") else ""
+    return [f"  mlflow run {tracking['run_id']}{synced}{where}"]
+
+
+def final_metric(record: dict[str, Any], metric: str) -> str:
+    """The job's final value of `metric` (its result's `final`: metrics.json's), or "-"."""
+    final = (record.get("result") or {}).get("final")
+    value = final.get(metric) if isinstance(final, dict) else None
+    return _number(value) if value is not None else "-"
+
+
+def print_list(records: list[dict[str, Any]], metric: str = "") -> None:
+    """One line a job, oldest first, under a header; with `metric`, a column of its final
+    value."""
+    width = max(len(metric), 8)
+    column = f"{metric.upper():>{width}}  " if metric else ""
+    print(f"{'JOB ID':<28} {'STATE':<10} {'AGE':>6}  {column}CODE          JOB")
     for r in records:
+        value = f"{final_metric(r, metric):>{width}}  " if metric else ""
         print(
-            f"{r.get('id', ''):<28} {shown_state(r):<10} {_age(r):>6}  "
+            f"{r.get('id', ''):<28} {shown_state(r):<10} {_age(r):>6}  {value}"
             f"{str(r.get('code_sha', ''))[:12]:<12}  {r.get('job', '')}"
         )

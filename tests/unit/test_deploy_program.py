@@ -381,6 +381,7 @@ def test_docker_program_outputs(monkeypatch, tmp_path):
     assert out["jobDefaults"] == {
         **{k: v for k, v in settings.items() if k not in ("job_sha", "job_params")},
         "master_url": master,
+        "stack": "unit",  # a submitted job's MLflow experiment when it names none
     }
 
 

@@ -9,6 +9,7 @@ A job is a directory with a manifest, ``trainstack.toml``, and the user's Python
     # task = "regression"    # or "classification"; default: inferred from the label column
     # label = "target"       # the label column (default "label")
     # metric = "val_mae"     # the metric the summary and the curves show first
+    # experiment = "digits"  # the MLflow experiment of its runs (default: the stack's name)
 
     [params]                 # defaults; the stack's trainstack:jobParams override them
     learning_rate = 0.001
@@ -51,7 +52,7 @@ ERROR_FILE = ".job-error.json"  # in the run directory: the user's error, for re
 _MODULE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*$")
 _JOB_KEYS = (
     "entry", "framework", "strategy", "requirements", "progress_timeout", "data", "task",
-    "label", "metric",
+    "label", "metric", "experiment",
 )  # fmt: skip
 # The frameworks a job may name (`framework = "torch"`); TensorFlow is the default.
 TENSORFLOW, TORCH = "tensorflow", "torch"
@@ -96,6 +97,7 @@ class JobSpec:
     task: str = ""
     label: str = ""  # the label column; "" = the run's (label_col, "label" by default)
     metric: str = ""  # the metric shown first; "" = val_loss, else the first one logged
+    experiment: str = ""  # the MLflow experiment of its runs; "" = the stack's name (tracking)
     framework: str = TENSORFLOW  # which backend trains it (trainstack_training.frameworks)
     strategy: str = ""  # a torch job's: "ddp" (when "") or "fsdp"
 
@@ -226,7 +228,7 @@ def load_spec(directory: str | Path, params: dict[str, Any] | None = None) -> Jo
     if requirements and not (directory / str(requirements)).is_file():
         raise _fail(directory, f"{MANIFEST}: requirements = {requirements!r} does not exist")
     data = _check_data(directory, job.get("data", ""))
-    task, label, metric = _check_task(directory, job)
+    task, label, metric, experiment = _check_task(directory, job)
     framework, strategy = _check_framework(directory, job, str(requirements or ""))
     merged = {
         **_check_params(directory, values.get("params", {}), "[params]"),
@@ -245,6 +247,7 @@ def load_spec(directory: str | Path, params: dict[str, Any] | None = None) -> Jo
         task=task,
         label=label,
         metric=metric,
+        experiment=experiment,
         framework=framework,
         strategy=strategy,
     )
@@ -297,8 +300,9 @@ def _check_torch_listed(directory: Path, requirements: str) -> None:
         )
 
 
-def _check_task(directory: Path, job: dict[str, Any]) -> tuple[str, str, str]:
-    """The manifest's task, label and metric, checked ("" for each one not given)."""
+def _check_task(directory: Path, job: dict[str, Any]) -> tuple[str, str, str, str]:
+    """The manifest's task, label, metric and experiment, checked ("" for each one not
+    given)."""
     task = job.get("task", "")
     if task != "" and task not in TASKS:
         raise _fail(
@@ -308,7 +312,7 @@ def _check_task(directory: Path, job: dict[str, Any]) -> tuple[str, str, str]:
             "from the label column)",
         )
     names = []
-    for key, example in (("label", "target"), ("metric", "val_mae")):
+    for key, example in (("label", "target"), ("metric", "val_mae"), ("experiment", "digits")):
         value = job.get(key, "")
         if not isinstance(value, str) or (key in job and not value.strip()):
             raise _fail(
@@ -317,7 +321,7 @@ def _check_task(directory: Path, job: dict[str, Any]) -> tuple[str, str, str]:
                 f'string, e.g. {key} = "{example}"',
             )
         names.append(value.strip())
-    return str(task), names[0], names[1]
+    return str(task), names[0], names[1], names[2]
 
 
 def _check_data(directory: Path, data: Any) -> str:

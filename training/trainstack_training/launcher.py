@@ -176,7 +176,7 @@ def _report(
     out: Path,
     phases: dict[str, float],
     clock: Clock,
-    application: str,
+    application: tuple[str, str],
 ) -> dict[str, Any]:
     """metrics.json, curves.png and the summary's numbers of a job whose code succeeded: a
     failure here names the saved model instead of losing it behind a traceback."""
@@ -197,8 +197,10 @@ def _report(
         phases["report"] = time.perf_counter() - mark
         metrics["total_seconds"] = time.perf_counter() - clock.start
         metrics["started_at"] = clock.started_at  # wall clock, as first_step_at
-        # Where the job's Spark application came from: its own, or the warm runner's.
-        metrics["spark_application"] = application
+        # Where the job's Spark application came from: its own, or the warm runner's; and
+        # its id (the MLflow run's tag, tracking.py).
+        metrics["spark_application"], metrics["spark_application_id"] = application
+        metrics["experiment"] = spec.experiment  # the manifest's MLflow experiment, or ""
         metrics["framework"] = spec.framework
         metrics["job_phases"] = {**phases, **info.phases}
         # The data stage's own work: its time less the Spark start-up done inside it.
@@ -237,6 +239,7 @@ def run(cfg: TrainConfig) -> dict[str, Any]:
     else:
         sc = build_context(cfg)
     phases["spark_context"] = time.perf_counter() - start
+    app_id = str(sc.applicationId)
     cancel = CancelOnInterrupt(sc, attached.group if attached else "").__enter__()
     try:
 
@@ -286,7 +289,7 @@ def run(cfg: TrainConfig) -> dict[str, Any]:
     return _report(
         cfg, spec, info, results, out, phases,
         Clock(start, started_at, before_barrier, train_seconds),
-        attached.mode if attached else "own",
+        (attached.mode if attached else "own", app_id),
     )  # fmt: skip
 
 

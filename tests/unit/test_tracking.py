@@ -1,0 +1,359 @@
+"""Run directories become MLflow runs (trainstack_training.tracking), against a real `mlflow
+server --app-name basic-auth` started here (module-scoped: it takes 15-45 s to start)."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from trainstack_training import tracking
+from trainstack_training.tracking import JOB_ID_TAG, TRACKING_FILE, make_client, sync_run
+
+pytestmark = pytest.mark.unit
+
+ADMIN, PASSWORD = "trainstack", "a-long-derived-password-1"
+START_TIMEOUT = 120.0
+METRICS = ("loss", "accuracy", "val_loss", "val_accuracy")
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+class Server:
+    """A real MLflow tracking server with basic auth, its stores in a temporary directory."""
+
+    def __init__(self, root: Path) -> None:
+        self.root, self.port = root, _free_port()
+        self.uri = f"http://127.0.0.1:{self.port}"
+        self.auth_file = root / "auth.ini"
+        self.auth_file.write_text(
+            "[mlflow]\ndefault_permission = READ\n"
+            f"database_uri = sqlite:///{root}/basic_auth.db\n"
+            f"admin_username = {ADMIN}\nadmin_password = {PASSWORD}\n"
+            "authorization_function = mlflow.server.auth:authenticate_request_basic_auth\n"
+        )
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    def start(self) -> None:
+        env = {
+            **os.environ,
+            "MLFLOW_FLASK_SERVER_SECRET_KEY": "test-secret-key",
+            "MLFLOW_AUTH_CONFIG_PATH": str(self.auth_file),
+        }
+        mlflow = Path(sys.executable).with_name("mlflow")
+        self.proc = subprocess.Popen(
+            [str(mlflow), "server", "--app-name", "basic-auth", "--workers", "1",
+             "--host", "127.0.0.1", "--port", str(self.port),
+             "--backend-store-uri", f"sqlite:///{self.root}/mlflow.db",
+             "--artifacts-destination", str(self.root / "artifacts")],
+            env=env, stdout=(self.root / "server.log").open("ab"), stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )  # fmt: skip
+        deadline = time.monotonic() + START_TIMEOUT
+        while time.monotonic() < deadline:
+            assert self.proc.poll() is None, (self.root / "server.log").read_text()[-2000:]
+            try:
+                with urllib.request.urlopen(f"{self.uri}/health", timeout=2) as resp:
+                    if resp.status == 200:
+                        return
+            except (OSError, urllib.error.URLError):
+                time.sleep(0.5)
+        raise AssertionError(f"mlflow server not up in {START_TIMEOUT} s")
+
+    def stop(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            os.killpg(self.proc.pid, signal.SIGTERM)
+            try:
+                self.proc.wait(20)
+            except subprocess.TimeoutExpired:
+                os.killpg(self.proc.pid, signal.SIGKILL)
+                self.proc.wait()
+        self.proc = None
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
+    srv = Server(tmp_path_factory.mktemp("mlflow"))
+    srv.start()
+    yield srv
+    srv.stop()
+
+
+@pytest.fixture
+def client(server: Server, monkeypatch: pytest.MonkeyPatch) -> Any:
+    for key in ("MLFLOW_TRACKING_USERNAME", "MLFLOW_TRACKING_PASSWORD"):
+        monkeypatch.delenv(key, raising=False)
+    monkeypatch.setenv("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "0")
+    monkeypatch.setenv("MLFLOW_HTTP_REQUEST_TIMEOUT", "10")
+    made = make_client(server.uri, str(server.auth_file))
+    yield made
+    for key in ("MLFLOW_TRACKING_USERNAME", "MLFLOW_TRACKING_PASSWORD"):
+        os.environ.pop(key, None)
+
+
+# -- run directories as the runner, the report and the launcher leave them ----------------
+
+
+def epoch_row(epoch: int) -> dict[str, Any]:
+    return {
+        "epoch": epoch, "attempt": 1, "train_seconds": 0.4, "samples": 1437,
+        "ended_at": 1_780_000_000.0 + epoch, "loss": 1.0 / epoch, "accuracy": 0.5 + epoch / 20,
+        "val_loss": 1.2 / epoch, "val_accuracy": 0.45 + epoch / 20,
+    }  # fmt: skip
+
+
+def make_run(root: Path, job_id: str, *, epochs: int = 5, done: int = 5,
+             state: str = "running", error: str = "", experiment: str = "") -> Path:  # fmt: skip
+    """A submitted job's run directory after `done` of `epochs` epochs (runner.py's job.json,
+    epochs.jsonl, output.log; once succeeded the report's metrics.json, curves.png and the
+    model)."""
+    run_dir = root / job_id
+    run_dir.mkdir(parents=True, exist_ok=True)
+    record = {
+        "id": job_id, "state": state, "submitted_at": 1_780_000_000.0,
+        "started_at": 1_780_000_000.5, "heartbeat": time.time(), "job": "/home/u/digits",
+        "code_sha": "c0de" * 16, "env_sha": "", "params": {"hidden_units": 64, "dropout": 0.2},
+        "mode": "simple", "framework": "tensorflow", "node": "worker-1", "epochs": epochs,
+        "workers": 2, "data": "digits", "batch_size": 32, "strategy": "multi_worker",
+        "stack": "dev", **({"experiment": experiment} if experiment else {}),
+    }  # fmt: skip
+    if state in ("succeeded", "failed", "cancelled"):
+        record |= {"ended_at": 1_780_000_100.0, "error": error}
+    (run_dir / "job.json").write_text(json.dumps(record))
+    rows = [json.dumps(epoch_row(e)) + "\n" for e in range(1, done + 1)]
+    (run_dir / "epochs.jsonl").write_text("".join(rows))
+    (run_dir / "output.log").write_text(f"[trainstack] epoch 1/{epochs} loss 1.0\n")
+    if state == "succeeded":
+        (run_dir / "model.keras").write_bytes(b"PK\x03\x04 a keras zip")
+        (run_dir / "curves.png").write_bytes(b"\x89PNG\r\n\x1a\n curves")
+        metrics = {
+            "final": {"loss": 0.2, "val_loss": 0.24, "val_accuracy": 0.95},
+            "time_split": {"spark_startup": 3.0, "data": 0.5, "training": 4.0, "other": 0.1},
+            "total_seconds": 8.0, "spark_application": "warm-runner",
+            "spark_application_id": "app-20261205041200-0003", "framework": "tensorflow",
+            "config": {"workers": 2, "epochs": epochs, "batch_size": 32},
+        }  # fmt: skip
+        (run_dir / "metrics.json").write_text(json.dumps(metrics))
+    return run_dir
+
+
+def the_run(client: Any, job_id: str) -> Any:
+    runs = client.search_runs(
+        [e.experiment_id for e in client.search_experiments()],
+        filter_string=f"tags.`{JOB_ID_TAG}` = '{job_id}'",
+    )
+    assert len(runs) == 1, runs
+    return runs[0]
+
+
+def history(client: Any, run_id: str, key: str) -> list[int]:
+    return sorted(m.step for m in client.get_metric_history(run_id, key))
+
+
+# -- cases -----------------------------------------------------------------------------
+
+
+def test_the_login_works_and_a_client_without_it_is_refused(server: Server, client: Any) -> None:
+    client.search_experiments()  # the admin login: allowed
+    request = urllib.request.Request(
+        f"{server.uri}/api/2.0/mlflow/experiments/search?max_results=1"
+    )
+    with pytest.raises(urllib.error.HTTPError) as refused:
+        urllib.request.urlopen(request, timeout=10)
+    assert refused.value.code == 401
+    from mlflow.exceptions import MlflowException
+    from mlflow.tracking import MlflowClient
+
+    os.environ.pop("MLFLOW_TRACKING_USERNAME")
+    os.environ.pop("MLFLOW_TRACKING_PASSWORD")
+    with pytest.raises(MlflowException, match=r"401|[Uu]nauthori"):
+        MlflowClient(server.uri).search_experiments()
+
+
+def test_a_finished_job_becomes_one_complete_run(tmp_path: Path, client: Any) -> None:
+    run_dir = make_run(tmp_path, "job-20261205-000001-aaaa", state="succeeded")
+    synced = sync_run(run_dir, client, stack="dev", ui_url="http://127.0.0.1:5001")
+    run = client.get_run(synced.run_id)
+    assert run.info.status == "FINISHED" and run.info.end_time == 1_780_000_100_000
+    assert run.info.start_time == 1_780_000_000_500
+    assert client.get_experiment(run.info.experiment_id).name == "dev"
+    assert run.data.params == {
+        "hidden_units": "64", "dropout": "0.2", "workers": "2", "epochs": "5",
+        "batch_size": "32", "strategy": "multi_worker", "data": "digits",
+        "framework": "tensorflow",
+    }  # fmt: skip
+    tags = run.data.tags
+    assert tags[JOB_ID_TAG] == "job-20261205-000001-aaaa"
+    assert tags["trainstack.code_sha"] == "c0de" * 16
+    assert tags["trainstack.mode"] == "simple" and tags["trainstack.stack"] == "dev"
+    assert tags["trainstack.spark_application"] == "app-20261205041200-0003"
+    assert tags["trainstack.job_dir"] == run_dir.name
+    for key in METRICS:
+        assert history(client, synced.run_id, key) == [1, 2, 3, 4, 5]
+    assert client.get_metric_history(synced.run_id, "loss")[0].value == 1.0
+    assert run.data.metrics["final_val_accuracy"] == 0.95
+    assert run.data.metrics["time_training_s"] == 4.0
+    listed = {f.path for f in client.list_artifacts(synced.run_id)}
+    assert listed == {"model.keras", "curves.png", "metrics.json", "output.log"}
+    written = json.loads((run_dir / TRACKING_FILE).read_text())
+    assert written["complete"] is True and written["synced_steps"] == [1, 2, 3, 4, 5]
+    assert written["url"] == (
+        f"http://127.0.0.1:5001/#/experiments/{run.info.experiment_id}/runs/{synced.run_id}"
+    )
+
+
+def test_syncing_twice_changes_nothing(tmp_path: Path, client: Any) -> None:
+    run_dir = make_run(tmp_path, "job-20261205-000002-bbbb", state="succeeded")
+    first = sync_run(run_dir, client, stack="dev")
+    again = sync_run(run_dir, client, stack="dev")
+    assert again.run_id == first.run_id
+    assert (again.params, again.metrics, again.artifacts) == (0, 0, [])
+    for key in (*METRICS, "final_val_loss"):
+        steps = history(client, first.run_id, key)
+        assert len(steps) == len(set(steps)), (key, steps)
+    assert len(history(client, first.run_id, "loss")) == 5
+    # Unchanged since: skipped without a request.
+    skipped = tracking.sync_all([run_dir], client)
+    assert skipped[0].skipped
+
+
+def test_a_job_synced_mid_way_then_complete_has_each_epoch_once(
+    tmp_path: Path, client: Any
+) -> None:
+    job_id = "job-20261205-000003-cccc"
+    run_dir = make_run(tmp_path, job_id, done=2)
+    mid = sync_run(run_dir, client, stack="dev")
+    run = client.get_run(mid.run_id)
+    assert run.info.status == "RUNNING"
+    assert history(client, mid.run_id, "val_loss") == [1, 2]
+    assert not client.list_artifacts(mid.run_id)
+    assert json.loads((run_dir / TRACKING_FILE).read_text())["complete"] is False
+    assert not tracking.up_to_date(run_dir)
+    make_run(tmp_path, job_id, done=5, state="succeeded")
+    sync_run(run_dir, client, stack="dev")
+    for key in METRICS:
+        assert history(client, mid.run_id, key) == [1, 2, 3, 4, 5]
+    assert client.get_run(mid.run_id).info.status == "FINISHED"
+
+
+def test_a_failed_job_fails_its_run_with_the_error(tmp_path: Path, client: Any) -> None:
+    error = "ValueError: shapes (None, 10) and (None, 3) are incompatible (model.py:12)"
+    run_dir = make_run(tmp_path, "job-20261205-000004-dddd", done=1, state="failed", error=error)
+    synced = sync_run(run_dir, client, stack="dev")
+    run = client.get_run(synced.run_id)
+    assert run.info.status == "FAILED" and run.info.end_time == 1_780_000_100_000
+    assert run.data.tags["trainstack.error"] == error
+    assert error in run.data.tags["mlflow.note.content"]
+    assert {f.path for f in client.list_artifacts(synced.run_id)} == {"output.log"}
+
+
+def test_a_cancelled_job_is_killed_and_the_manifest_names_the_experiment(
+    tmp_path: Path, client: Any
+) -> None:
+    run_dir = make_run(tmp_path, "job-20261205-000005-eeee", done=2, state="cancelled",
+                       error="cancelled while running", experiment="digits-sweep")  # fmt: skip
+    synced = sync_run(run_dir, client, stack="dev")
+    run = client.get_run(synced.run_id)
+    assert run.info.status == "KILLED"
+    assert client.get_experiment(run.info.experiment_id).name == "digits-sweep"
+
+
+def test_server_down_loses_nothing(server: Server, tmp_path: Path, client: Any) -> None:
+    run_dir = make_run(tmp_path, "job-20261205-000006-ffff", state="succeeded")
+    server.stop()
+    try:
+        started = time.monotonic()
+        done = tracking.main(["sync", "--models-dir", str(tmp_path), "--tracking-uri",
+                              server.uri, "--auth-file", str(server.auth_file)])  # fmt: skip
+        assert done == 1 and time.monotonic() - started < 15
+        assert not (run_dir / TRACKING_FILE).exists()
+    finally:
+        server.start()
+    synced = sync_run(run_dir, client, stack="dev")
+    assert history(client, synced.run_id, "loss") == [1, 2, 3, 4, 5]
+
+
+def test_sync_prints_one_json_line(
+    server: Server, tmp_path: Path, client: Any, capsys: pytest.CaptureFixture[str]
+) -> None:
+    make_run(tmp_path, "job-20261205-000007-abab", state="succeeded")
+    code = tracking.main(["sync", "--models-dir", str(tmp_path), "--tracking-uri", server.uri,
+                          "--auth-file", str(server.auth_file), "--job",
+                          "job-20261205-000007-abab"])  # fmt: skip
+    out = capsys.readouterr().out.strip().splitlines()
+    assert code == 0 and len(out) == 1
+    (only,) = json.loads(out[0])["synced"]
+    assert only["job_id"] == "job-20261205-000007-abab" and only["complete"] and only["run_id"]
+
+
+def test_watch_picks_up_a_new_run_dir(tmp_path: Path, client: Any) -> None:
+    stop = threading.Event()
+    loop = threading.Thread(
+        target=tracking.watch, args=(tmp_path, client, 0.2), kwargs={"stop": stop}
+    )
+    loop.start()
+    try:
+        time.sleep(0.5)
+        run_dir = make_run(tmp_path, "job-20261205-000008-cdcd", state="succeeded")
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline and not tracking.up_to_date(run_dir):
+            time.sleep(0.2)
+        assert tracking.up_to_date(run_dir)
+    finally:
+        stop.set()
+        loop.join(30)
+    assert history(client, the_run(client, "job-20261205-000008-cdcd").info.run_id, "loss") == [
+        1, 2, 3, 4, 5,
+    ]  # fmt: skip
+
+
+def test_watch_ends_on_sigterm(server: Server, tmp_path: Path) -> None:
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "trainstack_training.tracking", "watch", "--models-dir",
+         str(tmp_path), "--tracking-uri", server.uri, "--auth-file", str(server.auth_file)],
+        stderr=subprocess.PIPE,
+    )  # fmt: skip
+    time.sleep(3)
+    proc.send_signal(signal.SIGTERM)
+    assert proc.wait(20) == 0
+    assert proc.stderr is not None and b"Traceback" not in proc.stderr.read()
+
+
+@pytest.mark.parametrize(
+    ("argv", "said"),
+    [
+        (["sync", "--tracking-uri", "localhost:5000"], "--tracking-uri"),
+        (["sync", "--tracking-uri", "http://x:1", "--auth-file", "/nonexistent"], "--auth-file"),
+        (["sync", "--tracking-uri", "http://x:1", "--job", "job-none"], "--job"),
+        (["watch", "--tracking-uri", "http://x:1", "--interval", "0"], "--interval"),
+    ],
+)
+def test_bad_arguments_are_one_line_and_exit_2(
+    tmp_path: Path, argv: list[str], said: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert tracking.main([*argv, "--models-dir", str(tmp_path)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and said in err[0] and err[0].startswith("tracking: error:")
+
+
+def test_the_training_package_imports_without_mlflow() -> None:
+    code = (
+        "import sys; sys.modules['mlflow'] = None\n"
+        "import trainstack_training.tracking, trainstack_training.runner\n"
+    )
+    subprocess.run([sys.executable, "-c", code], check=True)
