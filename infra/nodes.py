@@ -46,8 +46,6 @@ class NodePaths:
     install_dir: str = INSTALL_ROOT
     venv_dir: str = f"{INSTALL_ROOT}/venv"
     node_wheelhouse_dir: str = f"{INSTALL_ROOT}/wheelhouse"
-    # The tracking node's venv: MLflow and the training package (its sync, tracking.py).
-    mlflow_venv_dir: str = f"{INSTALL_ROOT}/mlflow"
     spark_distribution_dir: str = f"{INSTALL_ROOT}/spark"
     # MLflow's own venv on the tracking node, layered on venv_dir (a .pth file names its
     # site-packages), so the training package and its numpy/pandas/pyarrow serve both.
