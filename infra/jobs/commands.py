@@ -31,7 +31,6 @@ from infra.jobs.package import JobDirError, Packed, pack
 from infra.jobs.remote import (
     JOB_USER,
     JOBS_DIR,
-    MLFLOW_VENV,
     MODELS_DIR,
     NODE_ENV,
     NODE_VENV,
@@ -39,6 +38,7 @@ from infra.jobs.remote import (
     RemoteError,
     ship,
     submitter,
+    sync_tracking,
 )
 from infra.transport import Transport, TransportError, transports_for
 
@@ -167,24 +167,12 @@ class Jobs:
     def sync(self, job_id: str) -> dict[str, Any]:
         """Sync the job's MLflow run (all jobs' without `job_id`) now, on the tracking node:
         the `sync` command's JSON line (tracking.py)."""
-        setup = self.tracking_setup
-        if not setup.get("node"):
+        if not self.tracking_setup.get("node"):
             raise CliError("tracking is off on this stack (trainstack:tracking)", EXIT_INPUT)
-        node = transports_for([setup["node"]])[0]
-        command = [
-            f"{MLFLOW_VENV}/bin/python", "-m", "trainstack_training.tracking", "sync",
-            "--models-dir", MODELS_DIR, "--tracking-uri", str(setup.get("tracking_uri", "")),
-            "--auth-file", str(setup.get("auth_file", "")), "--ui-url",
-            str(setup.get("ui_url", "")), "--stack", str(self.defaults.get("stack") or ""),
-            *(["--job", job_id] if job_id else []),
-        ]  # fmt: skip
-        code, out = node.run(command, user=JOB_USER)
-        lines = out.decode(errors="replace").strip().splitlines()
-        found = [line for line in lines if line.startswith("{")]
-        if code not in (0, EXIT_FAILED) or not found:
-            said = lines[-1] if lines else f"exit {code}"
-            raise CliError(f"sync on {node.name}: {said}", EXIT_INPUT if code == 2 else 3)
-        return dict(json.loads(found[-1]))
+        try:
+            return sync_tracking(self.tracking_setup, str(self.defaults.get("stack") or ""), job_id)
+        except RemoteError as exc:
+            raise CliError(str(exc), 3) from None
 
     def records(self) -> list[dict[str, Any]]:
         node = self.any_node()

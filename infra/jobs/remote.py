@@ -6,6 +6,7 @@ Used by the stack's declared job (infra.components.training, from `pulumi up`) a
 
 from __future__ import annotations
 
+import json
 import sys
 from collections.abc import Sequence
 from pathlib import Path
@@ -134,3 +135,29 @@ def ship_directory(node: Transport, source: str, sha: str) -> str:
             f"{sha[:12]}); run `pulumi up` again"
         )
     return ship(node, packed)
+
+
+def sync_tracking(setup: dict[str, Any], stack: str, job: str = "") -> dict[str, Any]:
+    """Sync a job's MLflow run (every job's without `job`) now, on the tracking node, as the
+    daemons' user: the JSON line of `python -m trainstack_training.tracking sync` (its `synced`
+    list). `setup` is the stack's `tracking` output (infra.program). The sync daemon on that
+    node does the same every few seconds; both take the run's lock (tracking.py)."""
+    if not setup.get("node"):
+        raise RemoteError("tracking is off on this stack (trainstack:tracking)")
+    node = transports_for([setup["node"]])[0]
+    command = [
+        f"{MLFLOW_VENV}/bin/python", "-m", "trainstack_training.tracking", "sync",
+        "--models-dir", MODELS_DIR, "--tracking-uri", str(setup.get("tracking_uri", "")),
+        "--auth-file", str(setup.get("auth_file", "")), "--ui-url", str(setup.get("ui_url", "")),
+        "--stack", stack, *(["--job", job] if job else []),
+    ]  # fmt: skip
+    try:
+        code, out = node.run(command, user=JOB_USER)
+    except TransportError as exc:
+        raise RemoteError(f"sync on {node.name}: {_reason(exc)}") from None
+    lines = out.decode(errors="replace").strip().splitlines()
+    found = [line for line in lines if line.startswith("{")]
+    # Exit 1 with a JSON line: some run had an error, which its entry names.
+    if code not in (0, 1) or not found:
+        raise RemoteError(f"sync on {node.name}: {lines[-1] if lines else f'exit {code}'}")
+    return dict(json.loads(found[-1]))
