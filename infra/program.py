@@ -16,12 +16,14 @@ import pulumi
 from trainstack_training.config import DIGITS
 
 from infra import config as stack_config
+from infra import topology
 from infra.components.provisioning import Provisioning, ProvisioningArgs, tree_digest
 from infra.components.training import Training, TrainingArgs
 from infra.config.values import PROJECT_DIR
 from infra.jobs import JobDirError, envs, pack
 from infra.jobs.envs import EnvError
 from infra.jobs.remote import JOBS_DIR
+from infra.nodes import NODE_PATHS
 from infra.targets import docker as docker_target
 from infra.targets import ssh as ssh_target
 from infra.targets.base import ClusterOutputs, TargetArgs
@@ -126,6 +128,24 @@ def build_target(target: TargetArgs) -> ClusterOutputs:
     return targets[target.config.target](target)
 
 
+def tracking_setup(cluster: ClusterOutputs) -> pulumi.Output[dict[str, Any]] | None:
+    """Where the tracking server's sync runs (roles/mlflow), for `trainstack sync` and the
+    declared job's run: the tracking node's transport record, the server's URI on the cluster
+    network (the inventory's, which the sync daemon uses), the login file there, the UI's URL.
+    None when trainstack:tracking is off."""
+    if cluster.tracking_url is None or cluster.tracking_node is None:
+        return None
+    node = cluster.tracking_node
+    return pulumi.Output.all(cluster.inventory, cluster.tracking_url).apply(
+        lambda args: {
+            "node": node,
+            "tracking_uri": args[0]["all"]["vars"]["trainstack_tracking_uri"],
+            "auth_file": NODE_PATHS.mlflow_auth_file,
+            "ui_url": args[1],
+        }
+    )
+
+
 def main() -> None:
     try:
         config = stack_config.load()
@@ -147,8 +167,11 @@ def main() -> None:
     pulumi.export("sparkUiUrls", cluster.ui_urls)
     if cluster.monitoring_url is not None:
         pulumi.export("monitoringUrl", cluster.monitoring_url)
+    tracking = tracking_setup(cluster)
     if cluster.tracking_url is not None:
         pulumi.export("mlflowUiUrl", cluster.tracking_url)
+        # What `trainstack sync` and the declared job's sync need (infra.jobs.remote).
+        pulumi.export("tracking", tracking)
     pulumi.export("nodes", cluster.nodes)
     if cluster.network_name is not None:
         pulumi.export("network", cluster.network_name)
@@ -178,6 +201,7 @@ def main() -> None:
 
     assert job is not None and spec is not None  # config.train
     settings = training_settings(config, job.sha, job_data(config, spec, job.sha))
+    experiment = topology.resource_prefix(config, stack)
     if env is not None:  # only then: an unchanged job without packages keeps its trigger
         settings["env_sha"] = env.sha
     # What `trainstack submit` needs (infra/jobs/commands.py): the nodes that may submit, and the
@@ -191,8 +215,9 @@ def main() -> None:
                 # A submitted job's manifest names its own data; else the stack's.
                 "data": stack_data(config),
                 "master_url": url,
-                # The experiment of a submitted job's MLflow run that names none (tracking).
-                "stack": stack,
+                # The experiment of a submitted job's MLflow run that names none (tracking):
+                # the stack's name on the engine, as the sync daemon's (roles/mlflow).
+                "stack": experiment,
             }
         ),
     )
@@ -207,6 +232,8 @@ def main() -> None:
             env_wheels=str(env.wheels) if env else "",
             host_artifacts_dir=str(artifacts / "training"),
             monitoring=cluster.monitoring_url,
+            tracking=tracking,
+            stack=experiment,
             node_cpus={spec.key: spec.cpus for spec in cluster.plan},
             scrape_interval=config.monitoring_scrape_interval,
         ),

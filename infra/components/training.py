@@ -27,7 +27,7 @@ from trainstack_training.ranklog import RANK_LOG
 from infra.errors import UserFacingError, short_provider_errors, write_details
 from infra.jobs import envs, remote
 from infra.jobs.launch import LaunchSettings, train_command
-from infra.jobs.remote import RemoteError, ship_directory, submitter
+from infra.jobs.remote import RemoteError, ship_directory, submitter, sync_tracking
 from infra.transport import Transport, TransportError, transports_for
 
 __all__ = ["Training", "TrainingArgs"]
@@ -113,6 +113,26 @@ def _utilisation(
         "utilisation": found["nodes"],
         "monitoring_url": url,
     }
+
+
+def _track(props: dict[str, Any]) -> dict[str, Any]:
+    """The run as an MLflow run (when tracking is on), synced now rather than on the sync
+    daemon's next round, so the result names it: {"tracking": {run_id, url, ...}}. A failure
+    is reported in the result and does not fail the run: the daemon syncs it later."""
+    if not (props.get("tracking") or {}).get("node"):
+        return {}
+    try:
+        synced = sync_tracking(props["tracking"], props.get("stack") or "", props["run_id"])
+    except RemoteError as exc:
+        print(f"tracking: {exc}", file=sys.stderr)
+        return {"tracking": {"error": str(exc)}}
+    run: dict[str, Any] = next(iter(synced.get("synced") or []), {})
+    if run.get("error") or not run.get("run_id"):
+        why = run.get("error") or "no run"
+        print(f"tracking: {why} (the sync daemon retries)", file=sys.stderr)
+        return {"tracking": {"error": why}}
+    print(f"tracking: MLflow run {run['run_id']} {run.get('url', '')}", file=sys.stderr)
+    return {"tracking": {k: run.get(k) for k in ("run_id", "experiment_id", "url", "status")}}
 
 
 def _candidates(props: dict[str, Any]) -> list[Transport]:
@@ -243,11 +263,13 @@ class _TrainingJobProvider(ResourceProvider):
         )
         monitoring = _utilisation(props, node, run_dir, host_dir, started, finished)
         copied += [monitoring["utilisation_plot"]] if monitoring.get("utilisation_plot") else []
+        tracking = _track(props)
         return {
             **props,
             "result": {
                 **summary,
                 **monitoring,
+                **tracking,
                 "run_id": props["run_id"],
                 "cluster_run_dir": run_dir,
                 "host_dir": str(host_dir),
@@ -301,6 +323,10 @@ class TrainingArgs:
     env_wheels: str = ""
     # Prometheus's URL on the host (monitoring on): the run's utilisation picture comes from it.
     monitoring: pulumi.Input[str] | None = None
+    # The stack's `tracking` output (infra.program.tracking_setup), when tracking is on: the
+    # run is synced to MLflow once the job succeeded, and its id and URL are in the result.
+    tracking: pulumi.Input[dict[str, Any]] | None = None
+    stack: str = ""
     node_cpus: dict[str, float] | None = None  # CPU limit per node, for the bottleneck
     scrape_interval: str = "15s"
 
@@ -325,6 +351,8 @@ class Training(pulumi.ComponentResource):
                 "job_source": args.job_source,
                 "env_wheels": args.env_wheels,
                 "monitoring_url": args.monitoring or "",
+                "tracking": args.tracking or {},
+                "stack": args.stack,
                 "node_cpus": args.node_cpus or {},
                 "scrape_interval": args.scrape_interval,
             },

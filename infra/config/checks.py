@@ -360,6 +360,7 @@ CHECKS: list[Callable[[StackValues], str | None]] = [
     _odd_ensemble,
     _masters_fit,
     _size_check("control_memory"),
+    _size_check("tracking_memory"),
     _size_check("worker_memory"),
     _size_check("worker_spark_memory"),
     _spark_memory_fits,

@@ -83,6 +83,8 @@ class StackValues:
     # node, every job a run.
     tracking: bool = True
     tracking_port: int = -1  # -1: uiPortBase + 1020 (19100), or 0 when uiPortBase is 0
+    # What the tracking server (about 600 MiB resident) and its sync add to their node's limit.
+    tracking_memory: str = "1g"
     # Targets (docs/targets.md): only docker is selectable.
     target: str = "docker"
     servers: tuple[Server, ...] = ()  # the ssh target's server list
@@ -108,6 +110,10 @@ class StackValues:
     @property
     def control_memory_bytes(self) -> int:
         return parse_size(self.control_memory)
+
+    @property
+    def tracking_memory_bytes(self) -> int:
+        return parse_size(self.tracking_memory)
 
     @property
     def worker_memory_bytes(self) -> int:

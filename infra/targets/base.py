@@ -75,6 +75,11 @@ class ClusterOutputs(Protocol):
         """The worker nodes that may submit a job, as transport records (infra.transport)."""
 
     @property
+    def tracking_node(self) -> dict | None:
+        """The tracking server's node as a transport record (its sync runs there); None when
+        trainstack:tracking is off."""
+
+    @property
     def network_name(self) -> str | None:
         """The docker network the nodes share (the `network` output); None elsewhere."""
 

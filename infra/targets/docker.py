@@ -145,6 +145,7 @@ class DockerCluster(pulumi.ComponentResource):
     spark_auth_secret: pulumi.Output[str]
     secret_id: pulumi.Output[str]
     submit_candidates: list[dict]
+    tracking_node: dict | None
     network_name: str
     cpu_boost: bool
 
@@ -196,7 +197,8 @@ class DockerCluster(pulumi.ComponentResource):
                         config.control_memory_bytes
                         if spec.group == "control"
                         else config.worker_memory_bytes
-                    ),
+                    )
+                    + (config.tracking_memory_bytes if spec.is_tracking else 0),
                     bind_address=config.bind_address,
                     shared_volumes=shared,
                     retain_data=config.retain_data,
@@ -262,11 +264,13 @@ class DockerCluster(pulumi.ComponentResource):
             )
         )
         # Node records (infra.transport): the docker target's nodes are its containers.
-        self.submit_candidates = [
-            {"name": spec.key, "transport": "docker", "container": f"{prefix}-{spec.key}"}
+        records = {
+            spec.key: {"name": spec.key, "transport": "docker", "container": f"{prefix}-{spec.key}"}
             for spec in plan
-            if "spark_worker" in spec.roles
-        ]
+        }
+        self.submit_candidates = [records[s.key] for s in plan if "spark_worker" in s.roles]
+        tracker = topology.tracking_node(plan)
+        self.tracking_node = records[tracker.key] if tracker else None
         # The boost lifts the CPU limits of the local engine's containers.
         self.cpu_boost = config.provision_cpu_boost
         self.register_outputs(

@@ -83,7 +83,7 @@ def _record(platform, job_id: str) -> dict:
 
 def test_the_declared_job_is_a_finished_run_with_its_epochs_and_artifacts(platform, mlflow_client):
     training = platform.outputs()["training"]
-    job_id = training["job_id"]
+    job_id = training["run_id"]
     assert training["tracking"]["run_id"] and training["tracking"]["url"], training
     run = _run_of(mlflow_client, job_id)
     assert run.info.run_id == training["tracking"]["run_id"]
@@ -123,7 +123,7 @@ def test_list_shows_one_metric_column_and_status_the_run(platform, mlflow_client
     listed = trainstack(platform, "list", "--metric", "val_loss")
     assert listed.returncode == 0, listed.stderr
     assert "val_loss" in listed.stdout.splitlines()[0], listed.stdout
-    job_id = platform.outputs()["training"]["job_id"]
+    job_id = platform.outputs()["training"]["run_id"]
     shown = trainstack(platform, "status", job_id)
     run = _run_of(mlflow_client, job_id)
     assert run.info.run_id in shown.stdout, shown.stdout
@@ -185,7 +185,7 @@ def test_the_server_killed_mid_job_loses_and_repeats_no_metric(platform, mlflow_
 
 def test_the_ui_shows_the_stacks_runs_and_a_runs_chart(platform, mlflow_client):
     url = platform.outputs()["mlflowUiUrl"]
-    job_id = platform.outputs()["training"]["job_id"]
+    job_id = platform.outputs()["training"]["run_id"]
     run = _run_of(mlflow_client, job_id)
     experiment = run.info.experiment_id
     login = _login(platform)

@@ -118,7 +118,9 @@ def test_containers_carry_labels_limits_hostnames_and_network(mocks):
             "zookeeper,spark_master,monitoring,tracking"
         )
         assert labels(by_host["control-2"])[LABEL_ROLES] == "zookeeper,spark_master"
-        assert by_host["control-1"]["memory"] == 1024
+        # controlMemory, plus trackingMemory on the tracking node (the MLflow server).
+        assert by_host["control-1"]["memory"] == 2048
+        assert by_host["control-2"]["memory"] == 1024
         targets = {m["target"] for m in worker["mounts"]}
         assert {"/srv/trainstack/data", "/srv/trainstack/checkpoints"} <= targets
         assert all(m["type"] == "volume" for m in worker["mounts"])  # no host folders

@@ -319,17 +319,18 @@ PROGRAM_URNS = {
 }
 DOCKER_OUTPUTS = ["inventory", "network", "nodeImage", "nodes", "sparkMasterUrl", "sparkUiUrls"]
 JOB_OUTPUTS = ["jobDefaults", "jobNodes", "training"]
+TRACKING = ["mlflowUiUrl", "tracking"]
 PROGRAM_OUTPUTS = {
-    "docker": [*DOCKER_OUTPUTS, "monitoringUrl", "mlflowUiUrl", "provisioning", *JOB_OUTPUTS],
-    "docker-unbaked": [*DOCKER_OUTPUTS, "mlflowUiUrl", "provisioning"],
-    "docker-bare": [*DOCKER_OUTPUTS, "monitoringUrl", "mlflowUiUrl"],
+    "docker": [*DOCKER_OUTPUTS, "monitoringUrl", *TRACKING, "provisioning", *JOB_OUTPUTS],
+    "docker-unbaked": [*DOCKER_OUTPUTS, *TRACKING, "provisioning"],
+    "docker-bare": [*DOCKER_OUTPUTS, "monitoringUrl", *TRACKING],
     "ssh": [
         "inventory",
         "nodes",
         "sparkMasterUrl",
         "sparkUiUrls",
         "monitoringUrl",
-        "mlflowUiUrl",
+        *TRACKING,
         "provisioning",
         *JOB_OUTPUTS,
     ],
@@ -381,7 +382,18 @@ def test_docker_program_outputs(monkeypatch, tmp_path):
     assert out["jobDefaults"] == {
         **{k: v for k, v in settings.items() if k not in ("job_sha", "job_params")},
         "master_url": master,
-        "stack": "unit",  # a submitted job's MLflow experiment when it names none
+        "stack": "trainstack-unit",  # a submitted job's MLflow experiment when it names none
+    }
+    # Where `trainstack sync` and the declared job's sync run: the tracking node's record.
+    assert out["tracking"] == {
+        "node": {
+            "name": "control-1",
+            "transport": "docker",
+            "container": "trainstack-unit-control-1",
+        },
+        "tracking_uri": "http://control-1:5000",
+        "auth_file": "/etc/trainstack/mlflow/auth.ini",
+        "ui_url": "http://127.0.0.1:19100",
     }
 
 
@@ -397,6 +409,8 @@ def test_ssh_program_outputs(monkeypatch, tmp_path):
     assert out["mlflowUiUrl"] == "http://192.0.2.10:5000"
     assert out["inventory"]["all"]["vars"]["trainstack_tracking_uri"] == "http://192.0.2.10:5000"
     assert out["inventory"]["all"]["children"]["tracking"]["hosts"] == {"zk-a": {}}
+    assert out["tracking"]["node"]["transport"] == "ssh"
+    assert out["tracking"]["node"]["host"] == "192.0.2.10"
     assert out["nodes"][0] == {
         "name": "zk-a",
         "roles": ["zookeeper", "spark_master", "monitoring", "tracking"],

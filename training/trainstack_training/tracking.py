@@ -24,6 +24,7 @@ from __future__ import annotations
 import argparse
 import configparser
 import contextlib
+import fcntl
 import json
 import os
 import re
@@ -31,7 +32,7 @@ import signal
 import sys
 import threading
 import time
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -45,6 +46,8 @@ if TYPE_CHECKING:
     from mlflow.tracking import MlflowClient
 
 TRACKING_FILE = "tracking.json"
+# Held while a run is synced (run_lock).
+LOCK_FILE = ".tracking.lock"
 TAG_PREFIX = "trainstack."
 JOB_ID_TAG = f"{TAG_PREFIX}job_id"
 ERROR_TAG = f"{TAG_PREFIX}error"
@@ -64,7 +67,12 @@ PARAM_MAX = 6000  # MLflow's longest param value
 _SAFE_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
 # Against a server that is down, the client must fail at once (the next round retries), not
 # after MLflow's own retries with back-off (minutes).
-CLIENT_ENV = {"MLFLOW_HTTP_REQUEST_MAX_RETRIES": "0", "MLFLOW_HTTP_REQUEST_TIMEOUT": "10"}
+# No usage telemetry: the cluster has no way out, and a user's runs are not reported anywhere.
+CLIENT_ENV = {
+    "MLFLOW_HTTP_REQUEST_MAX_RETRIES": "0",
+    "MLFLOW_HTTP_REQUEST_TIMEOUT": "10",
+    "MLFLOW_DISABLE_TELEMETRY": "true",
+}
 EXIT_FAILED, EXIT_USAGE = 1, 2
 
 
@@ -392,9 +400,24 @@ def _finish(client: MlflowClient, files: RunFiles, run: Any) -> str:
     return status
 
 
+@contextlib.contextmanager
+def run_lock(run_dir: Path) -> Iterator[None]:
+    """One sync of a run at a time: the daemon and a `trainstack sync` (or the stack's own
+    after its job) on the same node would otherwise both create the run, or both log the
+    same steps."""
+    with open(run_dir / LOCK_FILE, "a") as handle:
+        fcntl.flock(handle, fcntl.LOCK_EX)
+        yield
+
+
 def sync_run(run_dir: Path, client: MlflowClient, *, stack: str = "", ui_url: str = "") -> Synced:
     """Make the job's MLflow run agree with its run directory (safe to repeat; see the module
     docstring) and write tracking.json. MLflow's and HTTP errors propagate."""
+    with run_lock(run_dir):
+        return _sync_run(run_dir, client, stack=stack, ui_url=ui_url)
+
+
+def _sync_run(run_dir: Path, client: MlflowClient, *, stack: str, ui_url: str) -> Synced:
     from mlflow.entities import Param, RunTag
 
     files = RunFiles.read(run_dir)

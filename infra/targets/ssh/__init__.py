@@ -165,6 +165,7 @@ class SshCluster(pulumi.ComponentResource):
     spark_auth_secret: pulumi.Output[str]
     secret_id: pulumi.Output[str]
     submit_candidates: list[dict]
+    tracking_node: dict | None
     network_name = None  # the servers' own network
     cpu_boost = False  # the servers' CPUs are theirs: no container limits to lift
 
@@ -281,8 +282,8 @@ class SshCluster(pulumi.ComponentResource):
                 tracking_ui_url=tracking_uri or "",
             )
         )
-        self.submit_candidates = [
-            {
+        records = {
+            spec.key: {
                 "name": spec.key,
                 "transport": "ssh",
                 "host": by_name[spec.key].address,
@@ -292,8 +293,10 @@ class SshCluster(pulumi.ComponentResource):
                 "known_hosts_file": str(self.known_hosts),
             }
             for spec in plan
-            if "spark_worker" in spec.roles
-        ]
+        }
+        self.submit_candidates = [records[s.key] for s in plan if "spark_worker" in s.roles]
+        tracker = topology.tracking_node(plan)
+        self.tracking_node = records[tracker.key] if tracker else None
         self.register_outputs(
             {
                 "nodes": self.nodes,

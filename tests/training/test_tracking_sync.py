@@ -21,7 +21,7 @@ import pytest
 from trainstack_training import tracking
 from trainstack_training.tracking import JOB_ID_TAG, TRACKING_FILE, make_client, sync_run
 
-pytestmark = pytest.mark.unit
+pytestmark = pytest.mark.training
 
 ADMIN, PASSWORD = "trainstack", "a-long-derived-password-1"
 START_TIMEOUT = 120.0
@@ -46,6 +46,7 @@ class Server:
             f"database_uri = sqlite:///{root}/basic_auth.db\n"
             f"admin_username = {ADMIN}\nadmin_password = {PASSWORD}\n"
             "authorization_function = mlflow.server.auth:authenticate_request_basic_auth\n"
+            "auth_cache_ttl_seconds = 60\n"
         )
         self.proc: subprocess.Popen[bytes] | None = None
 
@@ -54,6 +55,9 @@ class Server:
             **os.environ,
             "MLFLOW_FLASK_SERVER_SECRET_KEY": "test-secret-key",
             "MLFLOW_AUTH_CONFIG_PATH": str(self.auth_file),
+            # As the mlflow role runs it: no job runner (GenAI jobs; a process tree of its own).
+            "MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false",
+            "MLFLOW_DISABLE_TELEMETRY": "true",
         }
         mlflow = Path(sys.executable).with_name("mlflow")
         self.proc = subprocess.Popen(
