@@ -22,6 +22,8 @@ The modules run in file order, and each documents what it changes:
                        behind one
   test_78_any_model    regressions in simple and full mode through `trainstack submit`
   test_79_torch        PyTorch jobs: torch installed once, DDP and full mode, cancel
+  test_79_tracking     every job above an MLflow run; no login refused; the tracking server
+                       killed mid-job; the UI in a real browser (screenshots in .artifacts/)
   test_80_drills       the failure drills, which kill masters, workers and whole containers
   test_90_destroy      `pulumi destroy` leaves nothing of the stack
 

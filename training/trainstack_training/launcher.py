@@ -202,6 +202,7 @@ def _report(
         metrics["spark_application"], metrics["spark_application_id"] = application
         metrics["experiment"] = spec.experiment  # the manifest's MLflow experiment, or ""
         metrics["framework"] = spec.framework
+        metrics["mode"] = spec.mode  # simple or full (the MLflow run's tag)
         metrics["job_phases"] = {**phases, **info.phases}
         # The data stage's own work: its time less the Spark start-up done inside it.
         data_work = (

@@ -150,7 +150,7 @@ class RunFiles:
             "code_sha": self.code_sha(),
             "env_sha": self.record.get("env_sha", ""),
             "framework": self.framework(),
-            "mode": self.record.get("mode", ""),
+            "mode": self.record.get("mode") or self.metrics.get("mode", ""),
             "stack": self.record.get("stack") or stack,
             "job_dir": self.run_dir.name,
             "job": self.record.get("job", ""),
