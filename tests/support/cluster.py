@@ -25,13 +25,14 @@ import docker.errors
 
 from infra import topology
 from infra.config import StackConfig
+from infra.config.values import parse_size
 
 BASE_IMAGE = os.environ.get("TRAINSTACK_BASE_IMAGE", "debian:bookworm")
 CACHE = Path(os.environ.get("TRAINSTACK_CACHE", Path.home() / ".cache" / "trainstack"))
 APT_POOL = CACHE / "apt" / "pool"
 LABEL = "trainstack.test"
 # Memory per container: 3 x 1 GiB control + 2 x 2.5 GiB workers = 8 GiB (the topology's budget).
-MEM = {"control": "1g", "workers": "2560m"}
+MEM = {"control": "1g", "workers": "2560m"}  # parsed by infra.config.values.parse_size
 KEEP_ALIVE = ["sleep", "infinity"]
 
 
@@ -123,7 +124,9 @@ def create(
             # Nodes reach each other by node name, as on a stack (topology.inventory).
             networking_config={net.name: c.api.create_endpoint_config(aliases=[spec.key])},
             labels={LABEL: name},
-            mem_limit=MEM[spec.group],
+            # As the stack's: the tracking node gets trainstack:trackingMemory on top.
+            mem_limit=parse_size(MEM[spec.group])
+            + (config.tracking_memory_bytes if spec.is_tracking else 0),
             volumes={str(apt_dir): {"bind": "/var/cache/apt/archives", "mode": "rw"}},
         )
         cluster.containers[spec.key] = container

@@ -255,6 +255,22 @@ def test_a_job_synced_mid_way_then_complete_has_each_epoch_once(
     assert client.get_run(mid.run_id).info.status == "FINISHED"
 
 
+def test_a_sync_stopped_before_its_record_logs_no_step_twice(tmp_path: Path, client: Any) -> None:
+    """The daemon's rounds trust tracking.json's steps; one that is behind the server (a sync
+    stopped between logging and writing it) makes the next round send those steps again."""
+    job_id = "job-20261205-000008-hhhh"
+    run_dir = make_run(tmp_path, job_id, done=3)
+    first = sync_run(run_dir, client, stack="dev")
+    record = json.loads((run_dir / TRACKING_FILE).read_text())
+    assert record["synced_steps"] == [1, 2, 3]
+    (run_dir / TRACKING_FILE).write_text(json.dumps({**record, "synced_steps": [1]}))
+    make_run(tmp_path, job_id, done=4)
+    again = sync_run(run_dir, client, stack="dev")
+    assert again.run_id == first.run_id and again.metrics == 3 * len(METRICS), again
+    for key in METRICS:
+        assert history(client, first.run_id, key) == [1, 2, 3, 4], key
+
+
 def test_a_failed_job_fails_its_run_with_the_error(tmp_path: Path, client: Any) -> None:
     error = "ValueError: shapes (None, 10) and (None, 3) are incompatible (model.py:12)"
     run_dir = make_run(tmp_path, "job-20261205-000004-dddd", done=1, state="failed", error=error)

@@ -325,6 +325,29 @@ def find_or_create_run(client: MlflowClient, files: RunFiles, stack: str) -> tup
     return run, False
 
 
+def known_run(client: MlflowClient, files: RunFiles) -> tuple[Any, dict[str, set[int]]]:
+    """The run of an earlier sync (its tracking.json) and the steps that sync logged: one
+    request instead of a search and a history per metric, for the daemon's rounds while a job
+    trains. A step logged after the last tracking.json was written (a sync stopped in between)
+    is sent again; MLflow keeps one of identical points (key, step, timestamp, value; the
+    timestamp is the epoch row's own), so nothing is duplicated. (None, {}) when there is no
+    such run: the caller finds it by its tag and asks the server what it holds."""
+    from mlflow.exceptions import MlflowException
+
+    before = read_tracking(files.run_dir)
+    if not before.get("run_id"):
+        return None, {}
+    try:
+        run = client.get_run(str(before["run_id"]))
+    except MlflowException:  # gone (a new server store): found or made again by its tag
+        return None, {}
+    if run.data.tags.get(JOB_ID_TAG) != files.job_id or run.info.lifecycle_stage != "active":
+        return None, {}
+    steps = {int(step) for step in before.get("synced_steps") or []}
+    # Every key of the run has the synced epochs' steps; the final metrics are at step 0.
+    return run, {key: steps | {0} for key in run.data.metrics}
+
+
 def logged_steps(client: MlflowClient, run: Any) -> dict[str, set[int]]:
     """The steps each metric of the run has already (from the server: the files are the
     source, the server says what it holds)."""
@@ -422,9 +445,11 @@ def _sync_run(run_dir: Path, client: MlflowClient, *, stack: str, ui_url: str) -
 
     files = RunFiles.read(run_dir)
     signature = files_signature(run_dir)
-    run, existed = find_or_create_run(client, files, stack)
+    run, have = known_run(client, files)
+    if run is None:
+        run, existed = find_or_create_run(client, files, stack)
+        have = logged_steps(client, run) if existed else {}
     run_id = run.info.run_id
-    have = logged_steps(client, run) if existed else {}
     params = [Param(k, v) for k, v in files.params().items() if k not in run.data.params]
     tags = [RunTag(k, v) for k, v in files.tags(stack).items() if run.data.tags.get(k) != v]
     metrics = epoch_metrics(files, have) + _final_metrics(files, have)
