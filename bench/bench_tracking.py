@@ -2,7 +2,7 @@
 default stack:
 
     python bench/bench_tracking.py --out bench/results/bench_tracking.json [--pairs 5]
-        [--runs 200] [--stack NAME]
+        [--runs 200] [--stack NAME] [--only overhead|search|server_killed_mid_job ...]
 
 - the digits job's whole time (submit to end) with tracking working (the sync daemon and the
   server up) and with it stopped (both supervisor programs stopped on the tracking node),
@@ -200,14 +200,18 @@ def server_killed(stack: Stack, mlflow: Any, epochs: int = 80) -> dict[str, Any]
     }
 
 
+PARTS = ("overhead", "search", "server_killed_mid_job")
+
+
 def measure(stack: Stack, args: argparse.Namespace) -> dict[str, Any]:
     mlflow = client(stack)
     wait_healthy(mlflow)
-    return {
-        "overhead": overhead(stack, mlflow, args.pairs),
-        "search": search(mlflow, args.runs),
-        "server_killed_mid_job": server_killed(stack, mlflow),
+    parts = {
+        "overhead": lambda: overhead(stack, mlflow, args.pairs),
+        "search": lambda: search(mlflow, args.runs),
+        "server_killed_mid_job": lambda: server_killed(stack, mlflow),
     }
+    return {name: parts[name]() for name in args.only or PARTS}
 
 
 def main() -> None:
@@ -216,6 +220,7 @@ def main() -> None:
     parser.add_argument("--pairs", type=int, default=5)
     parser.add_argument("--runs", type=int, default=200)
     parser.add_argument("--stack", help="a running stack of this project (left as it is)")
+    parser.add_argument("--only", action="append", choices=PARTS, help="measure only these")
     args = parser.parse_args()
     result: dict[str, Any] = {"pairs": args.pairs}
     if args.stack:
