@@ -203,45 +203,41 @@ def _runner_keep_alive(c: StackValues) -> str | None:
     return None
 
 
-def _monitoring_port(c: StackValues) -> str | None:
-    port = c.monitoring_host_port
-    if c.monitoring_port < -1 or (port != 0 and not 1024 <= port <= 65535):
-        return (
-            f"{_key('monitoring_port')}: {c.monitoring_port} gives port {port}, out of range; "
-            "allowed is -1 (uiPortBase + 1010, or engine-picked when uiPortBase is 0), 0 (the "
-            "engine picks a free port) or 1024..65535"
-        )
-    if port and c.ui_port_base and c.ui_port_base <= port < c.ui_port_base + c.masters:
-        return (
-            f"{_key('monitoring_port')}: {port} is one of the Spark master UI ports "
-            f"({_key('ui_port_base')} {c.ui_port_base} and the next {c.masters - 1}); "
-            "choose another port"
-        )
-    return None
+def _published_port(attr: str, offset: int) -> Callable[[StackValues], str | None]:
+    """A UI's host port (`monitoring_port`, `tracking_port`): -1 (uiPortBase + `offset`), 0 or
+    1024..65535, and none of the Spark master UI ports."""
+
+    def check(c: StackValues) -> str | None:
+        port = getattr(c, f"{attr.removesuffix('_port')}_host_port")
+        value = getattr(c, attr)
+        if value < -1 or (port != 0 and not 1024 <= port <= 65535):
+            return (
+                f"{_key(attr)}: {value} gives port {port}, out of range; allowed is -1 "
+                f"(uiPortBase + {offset}, or engine-picked when uiPortBase is 0), 0 (the "
+                "engine picks a free port) or 1024..65535"
+            )
+        if port and c.ui_port_base and c.ui_port_base <= port < c.ui_port_base + c.masters:
+            return (
+                f"{_key(attr)}: {port} is one of the Spark master UI ports "
+                f"({_key('ui_port_base')} {c.ui_port_base} and the next {c.masters - 1}); "
+                "choose another port"
+            )
+        return None
+
+    return check
 
 
 def _tracking_port(c: StackValues) -> str | None:
-    port = c.tracking_host_port
-    if c.tracking_port < -1 or (port != 0 and not 1024 <= port <= 65535):
-        return (
-            f"{_key('tracking_port')}: {c.tracking_port} gives port {port}, out of range; "
-            "allowed is -1 (uiPortBase + 1020, or engine-picked when uiPortBase is 0), 0 (the "
-            "engine picks a free port) or 1024..65535"
-        )
-    if not c.tracking or not port:
+    """The MLflow UI's port: as Prometheus's (when tracking is on), and not Prometheus's."""
+    if not c.tracking:
         return None
-    if c.ui_port_base and c.ui_port_base <= port < c.ui_port_base + c.masters:
+    said = _published_port("tracking_port", 1020)(c)
+    if said is None and c.monitoring and c.tracking_host_port == c.monitoring_host_port != 0:
         return (
-            f"{_key('tracking_port')}: {port} is one of the Spark master UI ports "
-            f"({_key('ui_port_base')} {c.ui_port_base} and the next {c.masters - 1}); "
-            "choose another port"
-        )
-    if c.monitoring and port == c.monitoring_host_port:
-        return (
-            f"{_key('tracking_port')}: {port} is Prometheus's UI port "
+            f"{_key('tracking_port')}: {c.tracking_host_port} is Prometheus's UI port "
             f"({_key('monitoring_port')}); choose another port"
         )
-    return None
+    return said
 
 
 def _target(c: StackValues) -> str | None:
@@ -377,7 +373,7 @@ CHECKS: list[Callable[[StackValues], str | None]] = [
     _job_params,
     _job,
     _training_needs_provisioning,
-    _monitoring_port,
+    _published_port("monitoring_port", 1010),
     _duration_check("monitoring_retention", 3600),
     _duration_check("monitoring_scrape_interval", 1),
     _duration_check("monitoring_alert_for", 0),

@@ -44,34 +44,22 @@ def preflight(config: StackConfig, prefix: str, plan: list[NodeSpec]) -> str:
     client = engine.docker_client()
     engine.check_no_legacy_stack(client, prefix)
     base_id = engine.require_image(client, config.base_image, "trainstack:baseImage")
-    engine.check_ports_free(
-        client,
-        {
-            f"{prefix}-{spec.key}": (config.bind_address, spec.ui_port)
-            for spec in plan
-            if spec.ui_port
-        },
+    published = (
+        ("ui_port", "Spark UI", "trainstack:uiPortBase"),
+        ("monitoring_port", "Prometheus UI", "trainstack:monitoringPort"),
+        ("tracking_port", "MLflow UI", "trainstack:trackingPort"),
     )
-    engine.check_ports_free(
-        client,
-        {
-            f"{prefix}-{spec.key}": (config.bind_address, spec.monitoring_port)
-            for spec in plan
-            if spec.monitoring_port
-        },
-        what="Prometheus UI",
-        key="trainstack:monitoringPort",
-    )
-    engine.check_ports_free(
-        client,
-        {
-            f"{prefix}-{spec.key}": (config.bind_address, spec.tracking_port)
-            for spec in plan
-            if spec.tracking_port
-        },
-        what="MLflow UI",
-        key="trainstack:trackingPort",
-    )
+    for attr, what, key in published:
+        engine.check_ports_free(
+            client,
+            {
+                f"{prefix}-{spec.key}": (config.bind_address, getattr(spec, attr))
+                for spec in plan
+                if getattr(spec, attr)
+            },
+            what=what,
+            key=key,
+        )
     return base_id
 
 
@@ -221,22 +209,17 @@ class DockerCluster(pulumi.ComponentResource):
         self.ui_urls = ports.apply(
             lambda p: {k: f"http://{shown_host}:{port}" for k, port in p.items() if port}
         )
-        monitor = topology.monitoring_node(plan)
-        self.monitoring_url = (
-            nodes[monitor.key].monitoring_port.apply(
-                lambda port: f"http://{shown_host}:{port}" if port else ""
+
+        def published(node: topology.NodeSpec | None, port: str) -> pulumi.Output[str] | None:
+            """A UI's URL on this machine, from its node's published port (None: no node)."""
+            if node is None:
+                return None
+            return getattr(nodes[node.key], port).apply(
+                lambda p: f"http://{shown_host}:{p}" if p else ""
             )
-            if monitor
-            else None
-        )
-        tracker = topology.tracking_node(plan)
-        self.tracking_url = (
-            nodes[tracker.key].tracking_port.apply(
-                lambda port: f"http://{shown_host}:{port}" if port else ""
-            )
-            if tracker
-            else None
-        )
+
+        self.monitoring_url = published(topology.monitoring_node(plan), "monitoring_port")
+        self.tracking_url = published(topology.tracking_node(plan), "tracking_port")
         self.nodes = pulumi.Output.all(addresses, container_ids).apply(
             lambda ac: [
                 {
