@@ -214,12 +214,12 @@ def tracking_uri(nodes: list[NodeSpec], reach: Mapping[str, str] | None = None) 
     return f"http://{(reach or {}).get(node.key, node.key)}:{MLFLOW_PORT}"
 
 
-def tracking_vars(
-    nodes: list[NodeSpec], reach: Mapping[str, str] | None = None, ui_url: str = ""
-) -> dict:
+def tracking_vars(nodes: list[NodeSpec], reach: Mapping[str, str] | None = None) -> dict:
     """Inventory variables of the tracking server and its sync (roles/mlflow): its URL on the
-    cluster network, and the UI's URL as the operator reaches it ("" when unknown), which the
-    sync records with each run."""
+    cluster network. Not the UI's URL as the operator reaches it: on the local stack that can
+    be a port the engine picks, which changes when a container restarts, and the inventory
+    must not (it is provisioning's trigger); `trainstack status` and the stack's `training`
+    output compose a run's URL from the stack output `mlflowUiUrl`."""
     uri = tracking_uri(nodes, reach)
     if uri is None:
         return {"trainstack_tracking_enabled": False}
@@ -227,7 +227,6 @@ def tracking_vars(
         "trainstack_tracking_enabled": True,
         "trainstack_tracking_port": MLFLOW_PORT,
         "trainstack_tracking_uri": uri,
-        "trainstack_tracking_ui_url": ui_url,
     }
 
 
@@ -243,7 +242,6 @@ def inventory(
     node_image: str | None = None,
     servers: Sequence[Server] | None = None,
     known_hosts: str | None = None,
-    tracking_ui_url: str = "",
 ) -> dict:
     """An Ansible YAML inventory (as a dict) for the stack's nodes.
 
@@ -254,8 +252,6 @@ def inventory(
     server's address, port and user (the playbooks become root for a non-root user), and
     nodes reach each other at the servers' node addresses. `known_hosts` is the file of
     host keys the ssh target recorded; every connection is checked against it.
-    `tracking_ui_url`: the MLflow UI as the operator reaches it (the stack output
-    `mlflowUiUrl`), or "".
     """
     addresses = addresses or {}
     by_name = {s.name: s for s in servers or ()}
@@ -303,7 +299,7 @@ def inventory(
         # server; the common role checks that every node sees the same one.
         all_vars["trainstack_shared_storage_check"] = True
     all_vars.update(monitoring_vars(config, nodes, reach))
-    all_vars.update(tracking_vars(nodes, reach, tracking_ui_url))
+    all_vars.update(tracking_vars(nodes, reach))
     if node_image:
         # The nodes start from this baked image: every install is already done.
         all_vars["trainstack_node_image"] = node_image

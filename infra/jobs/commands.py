@@ -21,7 +21,7 @@ from typing import Any
 
 from trainstack_training.ranklog import RANK_LOG
 from trainstack_training.runner import INSTALL_SCRIPT
-from trainstack_training.tracking import TRACKING_FILE
+from trainstack_training.tracking import TRACKING_FILE, run_url
 
 from infra.config.values import PROJECT_DIR
 from infra.jobs import envs
@@ -160,9 +160,14 @@ class Jobs:
         """The job's tracking.json (its MLflow run, tracking.py), or {} when it has none."""
         node = node or self.any_node()
         try:
-            return dict(json.loads(node.fetch(f"{MODELS_DIR}/{job_id}/{TRACKING_FILE}")))
+            found = dict(json.loads(node.fetch(f"{MODELS_DIR}/{job_id}/{TRACKING_FILE}")))
         except (TransportError, ValueError, TypeError):
             return {}
+        # The UI's URL as it is now (the stack output; an engine-picked port can change).
+        ui_url = str(self.tracking_setup.get("ui_url") or "")
+        if ui_url and found.get("run_id"):
+            found["url"] = run_url(ui_url, str(found.get("experiment_id")), str(found["run_id"]))
+        return found
 
     def sync(self, job_id: str) -> dict[str, Any]:
         """Sync the job's MLflow run (all jobs' without `job_id`) now, on the tracking node:

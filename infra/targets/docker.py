@@ -232,18 +232,9 @@ class DockerCluster(pulumi.ComponentResource):
                 for spec in plan
             ]
         )
-        # The MLflow UI's published URL goes into the inventory too: the sync records it
-        # with each run.
-        self.inventory = pulumi.Output.all(
-            addresses, self.tracking_url if self.tracking_url is not None else ""
-        ).apply(
+        self.inventory = addresses.apply(
             lambda at: topology.inventory(
-                config,
-                prefix,
-                plan,
-                addresses=at[0],
-                node_image=args.node_image_tag,
-                tracking_ui_url=at[1],
+                config, prefix, plan, addresses=at, node_image=args.node_image_tag
             )
         )
         # Node records (infra.transport): the docker target's nodes are its containers.
@@ -333,9 +324,11 @@ class Node(pulumi.ComponentResource):
             PROMETHEUS_PORT: spec.monitoring_port,
             MLFLOW_PORT: spec.tracking_port,
         }
+        # In the order of the internal port: the provider reads them back sorted, and any other
+        # order is a diff that replaces the container on every `up`.
         ports = [
             docker.ContainerPortArgs(internal=inner, external=outer or None, ip=args.bind_address)
-            for inner, outer in published.items()
+            for inner, outer in sorted(published.items())
             if outer is not None
         ]
         memory = mebibytes(args.memory_bytes)

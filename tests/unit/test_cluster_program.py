@@ -161,11 +161,12 @@ def test_only_master_uis_are_published_and_on_loopback(mocks):
         }
         assert set(published) == {"control-1", "control-2"}
         # control-1 also publishes Prometheus's UI (the monitoring node, docs/monitoring.md)
-        # and MLflow's (the tracking node).
+        # and MLflow's (the tracking node), in the order the provider reads them back (by the
+        # internal port; another order is a diff that replaces the container every `up`).
         assert [(p["internal"], p["ip"]) for p in published["control-1"]] == [
+            (5000, "127.0.0.1"),
             (8080, "127.0.0.1"),
             (9090, "127.0.0.1"),
-            (5000, "127.0.0.1"),
         ]
         assert [(p["internal"], p["ip"]) for p in published["control-2"]] == [(8080, "127.0.0.1")]
         assert urls == {
@@ -209,7 +210,7 @@ def test_tracking_url_is_the_published_mlflow_port_and_in_the_inventory(mocks):
         url, inventory = args
         assert url == "http://127.0.0.1:19100"
         all_vars = inventory["all"]["vars"]
-        assert all_vars["trainstack_tracking_ui_url"] == url
+        assert not any("ui_url" in key for key in all_vars)
         assert all_vars["trainstack_tracking_uri"] == "http://control-1:5000"
         assert list(inventory["all"]["children"]["tracking"]["hosts"]) == ["control-1"]
         control_1 = next(

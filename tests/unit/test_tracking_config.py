@@ -38,17 +38,17 @@ def test_tracking_off_leaves_no_node_port_volume_or_group_member():
     assert "trainstack_tracking_uri" not in inv["all"]["vars"]
 
 
-def test_inventory_carries_the_tracking_uri_and_ui_url():
+def test_inventory_carries_the_tracking_uri_and_not_the_ui_url():
+    """The UI's URL can be an engine-picked port that a container restart changes: in the
+    inventory it would make provisioning run again after every restart."""
     config = StackConfig()
-    inv = topology.inventory(
-        config, "p", topology.plan(config), tracking_ui_url="http://127.0.0.1:19100"
-    )
+    inv = topology.inventory(config, "p", topology.plan(config))
     all_vars = inv["all"]["vars"]
     assert set(inv["all"]["children"]["tracking"]["hosts"]) == {"control-1"}
     assert all_vars["trainstack_tracking_enabled"] is True
     assert all_vars["trainstack_tracking_port"] == topology.MLFLOW_PORT == 5000
     assert all_vars["trainstack_tracking_uri"] == "http://control-1:5000"
-    assert all_vars["trainstack_tracking_ui_url"] == "http://127.0.0.1:19100"
+    assert not any("ui_url" in key for key in all_vars)
 
 
 def test_ssh_target_tracks_on_the_first_control_server_at_its_cluster_address():
@@ -144,5 +144,5 @@ def test_the_sync_program_gets_the_layout_and_the_tracking_uri():
     group_vars = yaml.safe_load((REPO / "playbooks/group_vars/all.yml").read_text())
     assert group_vars["mlflow_auth_file"] == "{{ trainstack_mlflow_auth_file }}"
     assert group_vars["mlflow_sync_models_dir"] == "{{ trainstack_models_dir }}"
-    assert group_vars["mlflow_ui_url"] == "{{ trainstack_tracking_ui_url | default('') }}"
+    assert "mlflow_ui_url" not in group_vars  # the role's default: "" (no URL recorded)
     assert NODE_PATHS.tracking_artifacts_dir.startswith(NODE_PATHS.models_dir + "/.")

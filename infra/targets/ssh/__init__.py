@@ -279,7 +279,6 @@ class SshCluster(pulumi.ComponentResource):
                 plan,
                 servers=servers,
                 known_hosts=str(self.known_hosts),
-                tracking_ui_url=tracking_uri or "",
             )
         )
         records = {
