@@ -47,6 +47,8 @@ def test_up_creates_network_volumes_and_containers(stack, engine):
             f"{p}-models",
             f"{p}-zookeeper-control-1",
             f"{p}-spark-recovery-control-1",
+            # The tracking server's stores (trainstack:tracking, on by default).
+            f"{p}-mlflow-control-1",
         ]
     )
 
