@@ -10,6 +10,7 @@ from __future__ import annotations
 import configparser
 import json
 import os
+import shutil
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -81,25 +82,50 @@ def _record(platform, job_id: str) -> dict:
     return status(platform, job_id)
 
 
-def test_the_declared_job_is_a_finished_run_with_its_epochs_and_artifacts(platform, mlflow_client):
+def _declared_run(platform, client):
+    """The MLflow run of the stack's declared job, as its `training` output names it. The job
+    may have been launched more than once in its directory (test_75 goes back to the default
+    job): each launch is a run of its own, and the output names the last."""
     training = platform.outputs()["training"]
-    job_id = training["run_id"]
-    assert training["tracking"]["run_id"] and training["tracking"]["url"], training
-    run = _run_of(mlflow_client, job_id)
-    assert run.info.run_id == training["tracking"]["run_id"]
+    assert training["tracking"].get("run_id") and training["tracking"]["url"], training
+    run = client.get_run(training["tracking"]["run_id"])
+    assert run.data.tags["trainstack.job_id"] == training["run_id"], run.data.tags
+    return run
+
+
+def test_the_declared_job_is_a_finished_run_with_its_epochs_and_artifacts(platform, mlflow_client):
+    run = _declared_run(platform, mlflow_client)
     assert run.info.status == "FINISHED", run.info
     epochs = int(run.data.params["epochs"])
     assert _steps(mlflow_client, run.info.run_id, "val_accuracy") == list(range(1, epochs + 1))
     for tag in ("job_id", "code_sha", "framework", "mode", "stack", "spark_application"):
         assert run.data.tags.get(f"trainstack.{tag}"), (tag, run.data.tags)
-    for param in ("workers", "epochs", "batch_size", "strategy", "dataset"):
+    for param in ("workers", "epochs", "batch_size", "strategy", "data", "hidden_units"):
         assert param in run.data.params, (param, run.data.params)
     # The declared job's output went to `pulumi up` (and .artifacts/), not to an output.log.
     artifacts = {a.path for a in mlflow_client.list_artifacts(run.info.run_id)}
     assert {"curves.png", "metrics.json", "model.keras"} <= artifacts, artifacts
 
 
-def test_submitted_jobs_are_runs_whatever_their_framework_and_end(platform, mlflow_client):
+@pytest.fixture(scope="module")
+def failed_job(platform, tmp_path_factory) -> str:
+    """A submitted TensorFlow job whose code raises (the earlier modules' failing jobs are
+    declared ones, which `trainstack list` does not show); its id, once it has failed."""
+    job = tmp_path_factory.mktemp("tracking") / "failing"
+    shutil.copytree(EXAMPLES / "digits", job)
+    with (job / "model.py").open("a") as model:
+        model.write("\n\ndef build_model(ctx):\n    raise RuntimeError('no model today')\n")
+    submitted = trainstack(platform, "submit", str(job))
+    assert submitted.returncode == 0, submitted.stderr
+    job_id = submitted.stdout.strip()
+    trainstack(platform, "logs", "-f", job_id, timeout=300)
+    assert _record(platform, job_id)["state"] == "failed"
+    return job_id
+
+
+def test_submitted_jobs_are_runs_whatever_their_framework_and_end(
+    platform, mlflow_client, failed_job
+):
     listed = trainstack(platform, "list", "--json")
     assert listed.returncode == 0, listed.stderr
     jobs = json.loads(listed.stdout)
@@ -116,18 +142,19 @@ def test_submitted_jobs_are_runs_whatever_their_framework_and_end(platform, mlfl
         assert "output.log" in artifacts, (job["id"], artifacts)
         if job["state"] == "failed":
             assert run.data.tags.get("trainstack.error"), run.data.tags
-    # test_76 (a failed and a cancelled TensorFlow job) and test_79_torch ran before this.
+    assert failed_job in {job["id"] for job in jobs}, jobs
+    # test_76 (a cancelled TensorFlow job) and test_79_torch ran before this.
     assert seen.get("tensorflow", set()) >= {"FINISHED", "FAILED", "KILLED"}, seen
     assert "FINISHED" in seen.get("torch", set()), seen
 
 
-def test_list_shows_one_metric_column_and_status_the_run(platform, mlflow_client):
+def test_list_shows_one_metric_column_and_status_the_run(platform, mlflow_client, failed_job):
     listed = trainstack(platform, "list", "--metric", "val_loss")
     assert listed.returncode == 0, listed.stderr
-    assert "val_loss" in listed.stdout.splitlines()[0], listed.stdout
-    job_id = platform.outputs()["training"]["run_id"]
-    shown = trainstack(platform, "status", job_id)
-    run = _run_of(mlflow_client, job_id)
+    assert "VAL_LOSS" in listed.stdout.splitlines()[0].split(), listed.stdout
+    shown = trainstack(platform, "status", failed_job)
+    assert shown.returncode == 1, shown.stderr  # the job failed (docs/jobs.md, exit codes)
+    run = _run_of(mlflow_client, failed_job)
     assert run.info.run_id in shown.stdout, shown.stdout
 
 
@@ -187,8 +214,7 @@ def test_the_server_killed_mid_job_loses_and_repeats_no_metric(platform, mlflow_
 
 def test_the_ui_shows_the_stacks_runs_and_a_runs_chart(platform, mlflow_client):
     url = platform.outputs()["mlflowUiUrl"]
-    job_id = platform.outputs()["training"]["run_id"]
-    run = _run_of(mlflow_client, job_id)
+    run = _declared_run(platform, mlflow_client)
     experiment = run.info.experiment_id
     login = _login(platform)
     started = time.monotonic()

@@ -19,6 +19,7 @@ from typing import Any
 
 import pytest
 from trainstack_training import tracking
+from trainstack_training.attempts import record_launch
 from trainstack_training.tracking import JOB_ID_TAG, TRACKING_FILE, make_client, sync_run
 
 pytestmark = pytest.mark.training
@@ -248,11 +249,13 @@ def test_a_job_synced_mid_way_then_complete_has_each_epoch_once(
     assert not client.list_artifacts(mid.run_id)
     assert json.loads((run_dir / TRACKING_FILE).read_text())["complete"] is False
     assert not tracking.up_to_date(run_dir)
+    record_launch(run_dir, fresh=True)  # a submitted job is a run from before its launch
     make_run(tmp_path, job_id, done=5, state="succeeded")
     sync_run(run_dir, client, stack="dev")
     for key in METRICS:
         assert history(client, mid.run_id, key) == [1, 2, 3, 4, 5]
     assert client.get_run(mid.run_id).info.status == "FINISHED"
+    the_run(client, job_id)  # one run
 
 
 def test_a_sync_stopped_before_its_record_logs_no_step_twice(tmp_path: Path, client: Any) -> None:
@@ -269,6 +272,39 @@ def test_a_sync_stopped_before_its_record_logs_no_step_twice(tmp_path: Path, cli
     assert again.run_id == first.run_id and again.metrics == 3 * len(METRICS), again
     for key in METRICS:
         assert history(client, first.run_id, key) == [1, 2, 3, 4], key
+
+
+def test_a_declared_job_launched_again_in_its_directory_is_a_second_run(
+    tmp_path: Path, client: Any
+) -> None:
+    """The stack's declared job (no job.json) launched again with the same run id: the launcher
+    drops the first launch's epochs and metrics.json and stamps a new launch; its epochs go to
+    a run of their own, each once, and the first run keeps its own."""
+    run_dir = make_run(tmp_path, "run-0123456789ab", state="succeeded")
+    (run_dir / "job.json").unlink()
+    result = json.loads((run_dir / "metrics.json").read_text())
+    (run_dir / "metrics.json").write_text(json.dumps({**result, "params": {"hidden_units": 128}}))
+    record_launch(run_dir, fresh=True)
+    first = sync_run(run_dir, client, stack="dev")
+    assert client.get_run(first.run_id).info.status == "FINISHED"
+    assert client.get_run(first.run_id).data.params["hidden_units"] == "128"
+    for name in ("epochs.jsonl", "metrics.json"):  # as launcher._prepare_run does
+        (run_dir / name).unlink()
+    time.sleep(0.01)
+    record_launch(run_dir, fresh=True)
+    rows = [json.dumps({**epoch_row(e), "loss": 9.0}) + "\n" for e in (1, 2)]
+    (run_dir / "epochs.jsonl").write_text("".join(rows))
+    second = sync_run(run_dir, client, stack="dev")
+    assert second.run_id != first.run_id and second.status == "RUNNING", second
+    assert history(client, second.run_id, "loss") == [1, 2]
+    assert history(client, first.run_id, "loss") == [1, 2, 3, 4, 5]
+    again = sync_run(run_dir, client, stack="dev")  # a round of the daemon: the same run
+    assert again.run_id == second.run_id
+    assert [m.value for m in client.get_metric_history(second.run_id, "loss")] == [9.0, 9.0]
+    (run_dir / "metrics.json").write_text(json.dumps({"final": {"loss": 9.0}}))
+    done = sync_run(run_dir, client, stack="dev")
+    assert done.run_id == second.run_id and done.status == "FINISHED", done
+    assert history(client, second.run_id, "loss") == [1, 2]
 
 
 def test_a_failed_job_fails_its_run_with_the_error(tmp_path: Path, client: Any) -> None:

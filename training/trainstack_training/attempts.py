@@ -1,12 +1,34 @@
-"""The run's barrier-stage attempts: one line each in the run directory's attempts.log,
-written by the first task of every attempt (launcher.py), counted by the report."""
+"""The run's launches and barrier-stage attempts. attempts.log: one line for each attempt,
+written by the first task of every attempt (launcher.py), counted by the report. launch.json:
+when this launch of the run started, written by the launcher when it starts the run afresh (a
+run resumed from its backup keeps it); the tracking sync makes one MLflow run per launch."""
 
 from __future__ import annotations
 
+import json
 import time
 from pathlib import Path
 
 ATTEMPTS_LOG = "attempts.log"
+LAUNCH_FILE = "launch.json"
+
+
+def record_launch(out: Path, *, fresh: bool) -> None:
+    """Stamp a launch of the run: a fresh one always, a resumed one when it has no stamp."""
+    path = out / LAUNCH_FILE
+    if fresh or not path.exists():
+        tmp = out / f".{LAUNCH_FILE}.tmp"
+        tmp.write_text(json.dumps({"launched_at": round(time.time(), 3)}))
+        tmp.replace(path)
+
+
+def launched_at(out: Path) -> float | None:
+    """When the run's current launch started (None: a run from before launch stamps)."""
+    try:
+        value = json.loads((out / LAUNCH_FILE).read_text()).get("launched_at")
+        return float(value)
+    except (OSError, ValueError, TypeError, AttributeError):
+        return None
 
 
 def record_attempt(out: Path, host: str) -> None:

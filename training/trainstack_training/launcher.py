@@ -21,13 +21,19 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from trainstack_training.attempts import ATTEMPTS_LOG, count_attempts, record_attempt
+from trainstack_training.attempts import (
+    ATTEMPTS_LOG,
+    count_attempts,
+    record_attempt,
+    record_launch,
+)
 from trainstack_training.config import TrainConfig
 from trainstack_training.data import DataInfo, prepare
 from trainstack_training.epochs import EPOCH_LOG
 from trainstack_training.frameworks import model_file
 from trainstack_training.job import ERROR_FILE, TORCH, JobSpec, apply_manifest, recorded_error
 from trainstack_training.ranklog import RankLog
+from trainstack_training.report import METRICS_FILE
 from trainstack_training.spark import (
     CancelOnInterrupt,
     ClusterError,
@@ -146,12 +152,17 @@ def _prepare_run(cfg: TrainConfig) -> tuple[JobSpec, Path]:
     out.mkdir(parents=True, exist_ok=True)
     cfg.output = str(out)  # the tasks need the absolute shared path
     # A backup/ left by an interrupted run is kept on purpose: the new run resumes from it,
-    # and then the epoch log of the earlier epochs is kept too.
+    # and then the epoch log of the earlier epochs is kept too (and its launch stamp: the
+    # same MLflow run goes on). A run started afresh in the directory of an earlier one (the
+    # stack's declared job launched again) drops that run's epochs and result, and is a
+    # launch, and an MLflow run, of its own.
     stale = [ATTEMPTS_LOG, ".fault-injected", ERROR_FILE, WAITING_FILE]
-    if not _has_backup(out):
-        stale.append(EPOCH_LOG)
+    fresh = not _has_backup(out)
+    if fresh:
+        stale += [EPOCH_LOG, METRICS_FILE]
     for name in stale:
         (out / name).unlink(missing_ok=True)
+    record_launch(out, fresh=fresh)
     if cfg.master.startswith("local"):
         os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     return spec, out
@@ -201,6 +212,7 @@ def _report(
         # its id (the MLflow run's tag, tracking.py).
         metrics["spark_application"], metrics["spark_application_id"] = application
         metrics["experiment"] = spec.experiment  # the manifest's MLflow experiment, or ""
+        metrics["params"] = spec.params  # [params] with the overrides (the MLflow run's params)
         metrics["framework"] = spec.framework
         metrics["mode"] = spec.mode  # simple or full (the MLflow run's tag)
         metrics["job_phases"] = {**phases, **info.phases}

@@ -7,7 +7,8 @@
 The job never talks to MLflow: its chief's records in the run directory are the source
 (runner.py's ``job.json``, ``epochs.jsonl``, ``output.log``; the report's ``metrics.json``,
 ``curves.png`` and the model file), and `sync_run` turns them into the run, as often as it
-is called: the run is found by its tag ``trainstack.job_id``, a param already logged is not
+is called: the run is found by its tags ``trainstack.job_id`` and ``trainstack.launch`` (a
+declared job launched again in its directory is a new run), a param already logged is not
 logged again, an epoch's metrics are logged only at steps the run does not have yet, an
 artifact already listed (same size) is not uploaded again. The tracking server down loses
 nothing: the next sync completes the run. After a sync, ``<run dir>/tracking.json`` says
@@ -37,6 +38,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from trainstack_training.attempts import launched_at
 from trainstack_training.epochs import EPOCH_LOG, is_metric
 from trainstack_training.frameworks.torch import EXPORTED_FILE
 from trainstack_training.report import METRICS_FILE, PLOT_FILE
@@ -50,6 +52,9 @@ TRACKING_FILE = "tracking.json"
 LOCK_FILE = ".tracking.lock"
 TAG_PREFIX = "trainstack."
 JOB_ID_TAG = f"{TAG_PREFIX}job_id"
+# A launch of the declared job's run directory (attempts.py's stamp): launched again in its
+# directory, it is a second MLflow run of that job, not more epochs of the first.
+LAUNCH_TAG = f"{TAG_PREFIX}launch"
 ERROR_TAG = f"{TAG_PREFIX}error"
 NOTE_TAG = "mlflow.note.content"  # the run's description in the MLflow UI
 DEFAULT_EXPERIMENT = "trainstack"  # neither the manifest nor the stack names one
@@ -89,11 +94,22 @@ class RunFiles:
     record: dict[str, Any]
     metrics: dict[str, Any]
     epochs: list[dict[str, Any]]
+    launched_at: float | None = None
 
     @classmethod
     def read(cls, run_dir: Path) -> RunFiles:
         return cls(run_dir, _json(run_dir / RECORD), _json(run_dir / METRICS_FILE),
-                   read_epochs(run_dir))  # fmt: skip
+                   read_epochs(run_dir), launched_at(run_dir))  # fmt: skip
+
+    @property
+    def launch(self) -> str:
+        """The stack's declared job's launch stamp as a tag value: that job's directory (its
+        run id) is launched again when the stack goes back to a job and settings it ran
+        before. "" for a submitted job (its id is its submission's own; it is a run from
+        `queued`, before its launch) and for a run from before launch stamps."""
+        if self.record or self.launched_at is None:
+            return ""
+        return f"{self.launched_at:.3f}"
 
     @property
     def config(self) -> dict[str, Any]:
@@ -121,7 +137,9 @@ class RunFiles:
     def params(self) -> dict[str, str]:
         """The job's [params] with the overrides, then the training settings."""
         own = self.record.get("params")
-        if not isinstance(own, dict):
+        if not isinstance(own, dict):  # the declared job's: in its result
+            own = self.metrics.get("params")
+        if not isinstance(own, dict):  # a result from before it carried them: the overrides
             with contextlib.suppress(ValueError, TypeError):
                 own = json.loads(str(self.config.get("job_params") or "{}"))
         settings = {
@@ -153,6 +171,7 @@ class RunFiles:
             "mode": self.record.get("mode") or self.metrics.get("mode", ""),
             "stack": self.record.get("stack") or stack,
             "job_dir": self.run_dir.name,
+            "launch": self.launch,
             "job": self.record.get("job", ""),
             "spark_application": self.metrics.get("spark_application_id")
             or self.metrics.get("spark_application", ""),
@@ -173,6 +192,7 @@ class RunFiles:
         start = (
             self.record.get("started_at")
             or self.record.get("submitted_at")
+            or self.launched_at
             or self.metrics.get("started_at")
             or _mtime(self.run_dir)
         )
@@ -314,9 +334,10 @@ def find_or_create_run(client: MlflowClient, files: RunFiles, stack: str) -> tup
     if not _SAFE_ID.match(job_id):
         raise TrackingError(f"{files.run_dir}: job id {job_id!r} is not a trainstack job id")
     experiment_id = _experiment_id(client, files.experiment(stack))
-    found = client.search_runs(
-        [experiment_id], filter_string=f"tags.`{JOB_ID_TAG}` = '{job_id}'", max_results=1
-    )
+    wanted = f"tags.`{JOB_ID_TAG}` = '{job_id}'"
+    if files.launch:
+        wanted += f" and tags.`{LAUNCH_TAG}` = '{files.launch}'"
+    found = client.search_runs([experiment_id], filter_string=wanted, max_results=1)
     if found:
         return found[0], True
     run = client.create_run(
@@ -343,6 +364,8 @@ def known_run(client: MlflowClient, files: RunFiles) -> tuple[Any, dict[str, set
         return None, {}
     if run.data.tags.get(JOB_ID_TAG) != files.job_id or run.info.lifecycle_stage != "active":
         return None, {}
+    if files.launch and run.data.tags.get(LAUNCH_TAG) != files.launch:
+        return None, {}  # the run of an earlier launch of this directory
     steps = {int(step) for step in before.get("synced_steps") or []}
     # Every key of the run has the synced epochs' steps; the final metrics are at step 0.
     return run, {key: steps | {0} for key in run.data.metrics}
