@@ -143,6 +143,17 @@ def test_submitted_jobs_are_runs_whatever_their_framework_and_end(
         if job["state"] == "failed":
             assert run.data.tags.get("trainstack.error"), run.data.tags
     assert failed_job in {job["id"] for job in jobs}, jobs
+    # The declared jobs that failed their `up` (test_75's broken code; test_70's missing data
+    # in the full suite) are runs too, FAILED with their error.
+    declared = mlflow_client.search_runs(
+        [e.experiment_id for e in mlflow_client.search_experiments()],
+        filter_string=(
+            "tags.`trainstack.job_id` LIKE 'run-%' and tags.`trainstack.state` = 'failed'"
+        ),
+    )
+    assert declared, "no failed declared job among the runs"
+    for run in declared:
+        assert run.info.status == "FAILED" and run.data.tags.get("trainstack.error"), run
     # test_76 (a cancelled TensorFlow job) and test_79_torch ran before this.
     assert seen.get("tensorflow", set()) >= {"FINISHED", "FAILED", "KILLED"}, seen
     assert "FINISHED" in seen.get("torch", set()), seen

@@ -19,7 +19,7 @@ from typing import Any
 
 import pytest
 from trainstack_training import tracking
-from trainstack_training.attempts import record_launch
+from trainstack_training.attempts import record_failure, record_launch
 from trainstack_training.tracking import JOB_ID_TAG, TRACKING_FILE, make_client, sync_run
 
 pytestmark = pytest.mark.training
@@ -305,6 +305,27 @@ def test_a_declared_job_launched_again_in_its_directory_is_a_second_run(
     done = sync_run(run_dir, client, stack="dev")
     assert done.run_id == second.run_id and done.status == "FINISHED", done
     assert history(client, second.run_id, "loss") == [1, 2]
+
+
+@pytest.mark.parametrize(("exit_code", "status"), [(1, "FAILED"), (130, "KILLED")])
+def test_a_declared_job_that_did_not_succeed_is_a_run_that_says_so(
+    tmp_path: Path, client: Any, exit_code: int, status: str
+) -> None:
+    """The stack's declared job has no job.json: its launch's failed.json (cli.py) ends its
+    run, with the error."""
+    run_dir = make_run(tmp_path, f"run-{exit_code:012d}", done=2)
+    (run_dir / "job.json").unlink()
+    assert not tracking.is_run_dir(run_dir)  # running: not a run until it ends
+    record_launch(run_dir, fresh=True)
+    error = "your code failed: KeyError: 'width' (at net.py:2)"
+    record_failure(run_dir, error, "TrainingError", exit_code)
+    assert tracking.is_run_dir(run_dir)
+    synced = tracking.sync_all([run_dir], client, stack="dev")[0]
+    run = client.get_run(synced.run_id)
+    assert run.info.status == status and run.info.end_time, run.info
+    assert run.data.tags["trainstack.error"] == error
+    assert run.data.tags["trainstack.launch"]
+    assert history(client, synced.run_id, "val_loss") == [1, 2]
 
 
 def test_a_failed_job_fails_its_run_with_the_error(tmp_path: Path, client: Any) -> None:

@@ -4,6 +4,7 @@ that resumes from a backup keeps them (the tracking sync keys its MLflow run on 
 
 from __future__ import annotations
 
+import json
 import time
 from pathlib import Path
 
@@ -50,3 +51,20 @@ def test_a_resumed_start_keeps_its_launch_and_epochs(tmp_path):
 
 def test_a_run_from_before_launch_stamps_has_none(tmp_path):
     assert launched_at(tmp_path) is None
+
+
+def test_a_launch_that_fails_records_its_error_and_the_next_launch_drops_it(tmp_path, capsys):
+    from trainstack_training.cli import main
+
+    job = tmp_path / "job"
+    job.mkdir()
+    (job / "trainstack.toml").write_text('[job]\nentry = "nowhere"\n')  # no nowhere.py
+    out = tmp_path / "run"
+    code = main(["--output", str(out), "--job-dir", str(job), "--master", "local[2]"])
+    assert code == 2, capsys.readouterr()
+    failed = json.loads((out / "failed.json").read_text())
+    assert "nowhere" in failed["error"] and failed["exit"] == 2, failed
+    assert failed["kind"] == "JobError" and failed["ended_at"] > 0
+    assert launched_at(out) is not None  # the failed launch is a launch
+    _prepare(out)
+    assert not (out / "failed.json").exists()

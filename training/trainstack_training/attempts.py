@@ -1,7 +1,10 @@
-"""The run's launches and barrier-stage attempts. attempts.log: one line for each attempt,
-written by the first task of every attempt (launcher.py), counted by the report. launch.json:
-when this launch of the run started, written by the launcher when it starts the run afresh (a
-run resumed from its backup keeps it); the tracking sync makes one MLflow run per launch."""
+"""The run's launches, barrier-stage attempts and failure. attempts.log: one line for each
+attempt, written by the first task of every attempt (launcher.py), counted by the report.
+launch.json: when this launch of the run started, written by the launcher when it starts the
+run afresh (a run resumed from its backup keeps it). failed.json: how a launch that did not
+succeed ended (`trainstack-train`'s error line, cli.py), dropped by the next launch. The
+tracking sync reads both for the stack's declared job, which has no job record: one MLflow run
+per launch, FAILED (or KILLED) with the error when it did not succeed."""
 
 from __future__ import annotations
 
@@ -11,6 +14,7 @@ from pathlib import Path
 
 ATTEMPTS_LOG = "attempts.log"
 LAUNCH_FILE = "launch.json"
+FAILED_FILE = "failed.json"
 
 
 def record_launch(out: Path, *, fresh: bool) -> None:
@@ -41,3 +45,14 @@ def count_attempts(out: Path) -> int:
     """The barrier-stage attempts the run has started so far."""
     log = out / ATTEMPTS_LOG
     return len(log.read_text().splitlines()) if log.exists() else 0
+
+
+def record_failure(out: Path, error: str, kind: str, exit_code: int) -> None:
+    """Record how this launch ended when it did not succeed (nothing when `out` is not there:
+    the job failed before it had a run directory)."""
+    if not out.is_dir():
+        return
+    record = {"error": error, "kind": kind, "exit": exit_code, "ended_at": round(time.time(), 3)}
+    tmp = out / f".{FAILED_FILE}.tmp"
+    tmp.write_text(json.dumps(record))
+    tmp.replace(out / FAILED_FILE)

@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING, Any
 
 from trainstack_training.attempts import (
     ATTEMPTS_LOG,
+    FAILED_FILE,
     count_attempts,
     record_attempt,
     record_launch,
@@ -135,12 +136,28 @@ def run_barrier(
 
 
 def _prepare_run(cfg: TrainConfig) -> tuple[JobSpec, Path]:
-    """The job's code checked before Spark starts (a bad manifest, a missing entry function or
-    a syntax error is one sentence, and nothing runs), its manifest applied, and its run
-    directory made ready; the spec and the run directory."""
+    """The run directory made ready for this launch, the job's code checked before Spark
+    starts (a bad manifest, a missing entry function or a syntax error is one sentence, and
+    nothing runs) and its manifest applied; the spec and the run directory."""
     cfg.validate()
     if cfg.job_dir:  # the tasks need the absolute shared path
         cfg.job_dir = str(Path(cfg.job_dir).resolve())
+    out = Path(cfg.output).resolve()
+    out.mkdir(parents=True, exist_ok=True)
+    cfg.output = str(out)  # the tasks need the absolute shared path
+    # A launch of the run starts here, also one that fails on its code below (its
+    # failed.json then names the error). A backup/ left by an interrupted run is kept on
+    # purpose: the new run resumes from it, and then the epoch log of the earlier epochs is
+    # kept too (and its launch stamp: the same MLflow run goes on). A run started afresh in
+    # the directory of an earlier one (the stack's declared job launched again) drops that
+    # run's epochs and result, and is a launch, and an MLflow run, of its own.
+    stale = [ATTEMPTS_LOG, FAILED_FILE, ".fault-injected", ERROR_FILE, WAITING_FILE]
+    fresh = not _has_backup(out)
+    if fresh:
+        stale += [EPOCH_LOG, METRICS_FILE]
+    for name in stale:
+        (out / name).unlink(missing_ok=True)
+    record_launch(out, fresh=fresh)
     spec = job_spec(cfg)
     apply_manifest(cfg, spec)  # its label and task, for the data stage
     if cfg.gpus_per_worker and spec.framework != TORCH:
@@ -148,21 +165,6 @@ def _prepare_run(cfg: TrainConfig) -> tuple[JobSpec, Path]:
             f"gpus_per_worker={cfg.gpus_per_worker}: GPUs train torch jobs only; the nodes run "
             "TensorFlow's CPU build (set gpus_per_worker=0 for this job)"
         )
-    out = Path(cfg.output).resolve()
-    out.mkdir(parents=True, exist_ok=True)
-    cfg.output = str(out)  # the tasks need the absolute shared path
-    # A backup/ left by an interrupted run is kept on purpose: the new run resumes from it,
-    # and then the epoch log of the earlier epochs is kept too (and its launch stamp: the
-    # same MLflow run goes on). A run started afresh in the directory of an earlier one (the
-    # stack's declared job launched again) drops that run's epochs and result, and is a
-    # launch, and an MLflow run, of its own.
-    stale = [ATTEMPTS_LOG, ".fault-injected", ERROR_FILE, WAITING_FILE]
-    fresh = not _has_backup(out)
-    if fresh:
-        stale += [EPOCH_LOG, METRICS_FILE]
-    for name in stale:
-        (out / name).unlink(missing_ok=True)
-    record_launch(out, fresh=fresh)
     if cfg.master.startswith("local"):
         os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     return spec, out

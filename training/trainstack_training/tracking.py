@@ -38,7 +38,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from trainstack_training.attempts import launched_at
+from trainstack_training.attempts import FAILED_FILE, launched_at
 from trainstack_training.epochs import EPOCH_LOG, is_metric
 from trainstack_training.frameworks.torch import EXPORTED_FILE
 from trainstack_training.report import METRICS_FILE, PLOT_FILE
@@ -79,6 +79,7 @@ CLIENT_ENV = {
     "MLFLOW_DISABLE_TELEMETRY": "true",
 }
 EXIT_FAILED, EXIT_USAGE = 1, 2
+EXIT_CANCELLED = 130  # trainstack-train's exit code for a cancelled job (cli.py)
 
 
 class TrackingError(Exception):
@@ -95,11 +96,13 @@ class RunFiles:
     metrics: dict[str, Any]
     epochs: list[dict[str, Any]]
     launched_at: float | None = None
+    failure: dict[str, Any] = field(default_factory=dict)  # failed.json (attempts.py)
 
     @classmethod
     def read(cls, run_dir: Path) -> RunFiles:
         return cls(run_dir, _json(run_dir / RECORD), _json(run_dir / METRICS_FILE),
-                   read_epochs(run_dir), launched_at(run_dir))  # fmt: skip
+                   read_epochs(run_dir), launched_at(run_dir),
+                   _json(run_dir / FAILED_FILE))  # fmt: skip
 
     @property
     def launch(self) -> str:
@@ -121,10 +124,17 @@ class RunFiles:
 
     @property
     def state(self) -> str:
-        """The job's state; a declared job (no record) has one only once it succeeded."""
+        """The job's state: a submitted job's record's; the declared job's (no record) from
+        how its launch ended (failed.json, else metrics.json), running until then."""
         if self.record:
             return str(self.record.get("state") or "queued")
+        if self.failure:
+            return "cancelled" if self.failure.get("exit") == EXIT_CANCELLED else "failed"
         return "succeeded" if self.metrics else "running"
+
+    @property
+    def error(self) -> str:
+        return str(self.record.get("error") or self.failure.get("error") or "")
 
     @property
     def ended(self) -> bool:
@@ -199,7 +209,11 @@ class RunFiles:
         return int(float(start) * 1000)
 
     def end_ms(self) -> int:
-        end = self.record.get("ended_at") or _mtime(self.run_dir / METRICS_FILE)
+        end = (
+            self.record.get("ended_at")
+            or self.failure.get("ended_at")
+            or _mtime(self.run_dir / METRICS_FILE)
+        )
         return int(float(end) * 1000)
 
     def final_metrics(self) -> dict[str, float]:
@@ -254,7 +268,7 @@ def read_epochs(run_dir: Path) -> list[dict[str, Any]]:
 def files_signature(run_dir: Path) -> str:
     """What the sync reads, by size and modification time: unchanged = nothing to sync."""
     parts = []
-    for name in (RECORD, EPOCH_LOG, *ARTIFACTS):
+    for name in (RECORD, EPOCH_LOG, FAILED_FILE, *ARTIFACTS):
         with contextlib.suppress(OSError):
             st = (run_dir / name).stat()
             parts.append(f"{name}:{st.st_size}:{st.st_mtime_ns}")
@@ -277,7 +291,7 @@ def is_run_dir(path: Path) -> bool:
         path.is_dir()
         and path.name not in NOT_RUNS
         and not path.name.startswith(".")
-        and ((path / RECORD).is_file() or (path / METRICS_FILE).is_file())
+        and any((path / name).is_file() for name in (RECORD, METRICS_FILE, FAILED_FILE))
     )
 
 
@@ -434,7 +448,7 @@ def _artifacts(client: MlflowClient, files: RunFiles, run_id: str) -> list[str]:
 def _finish(client: MlflowClient, files: RunFiles, run: Any) -> str:
     """The run's status follows the job's; a failed job's run carries its error."""
     status = RUN_STATUS.get(files.state, "RUNNING")
-    error = str(files.record.get("error") or "")
+    error = files.error
     if error and run.data.tags.get(ERROR_TAG) != error:
         client.set_tag(run.info.run_id, ERROR_TAG, error[:5000])
         client.set_tag(run.info.run_id, NOTE_TAG, f"trainstack job {files.state}: {error}")
