@@ -15,15 +15,23 @@ from pathlib import Path
 ATTEMPTS_LOG = "attempts.log"
 LAUNCH_FILE = "launch.json"
 FAILED_FILE = "failed.json"
+# trainstack-train's exit code for a cancelled job (cli.py); failed.json's `exit` then means
+# the run was cancelled, not failed (the tracking sync's KILLED).
+EXIT_CANCELLED = 130
+
+
+def _write_json(path: Path, value: dict[str, object]) -> None:
+    """Write `path` whole or not at all (a reader never sees half of it)."""
+    tmp = path.with_name(f".{path.name}.tmp")
+    tmp.write_text(json.dumps(value))
+    tmp.replace(path)
 
 
 def record_launch(out: Path, *, fresh: bool) -> None:
     """Stamp a launch of the run: a fresh one always, a resumed one when it has no stamp."""
     path = out / LAUNCH_FILE
     if fresh or not path.exists():
-        tmp = out / f".{LAUNCH_FILE}.tmp"
-        tmp.write_text(json.dumps({"launched_at": round(time.time(), 3)}))
-        tmp.replace(path)
+        _write_json(path, {"launched_at": round(time.time(), 3)})
 
 
 def launched_at(out: Path) -> float | None:
@@ -53,6 +61,4 @@ def record_failure(out: Path, error: str, kind: str, exit_code: int) -> None:
     if not out.is_dir():
         return
     record = {"error": error, "kind": kind, "exit": exit_code, "ended_at": round(time.time(), 3)}
-    tmp = out / f".{FAILED_FILE}.tmp"
-    tmp.write_text(json.dumps(record))
-    tmp.replace(out / FAILED_FILE)
+    _write_json(out / FAILED_FILE, record)

@@ -7,7 +7,7 @@ import sys
 import traceback
 from pathlib import Path
 
-from trainstack_training.attempts import record_failure
+from trainstack_training.attempts import EXIT_CANCELLED, record_failure
 from trainstack_training.config import ConfigError, TrainConfig, parse_args
 
 
@@ -44,9 +44,9 @@ def main(argv: list[str] | None = None) -> int:
     except (TrainingError, ReportError) as exc:
         return _fail(exc, 1, cfg)
     except JobCancelledError as exc:  # SIGINT (`trainstack cancel`) once Spark runs
-        return _fail(exc, 130, cfg)
+        return _fail(exc, EXIT_CANCELLED, cfg)
     except KeyboardInterrupt:  # SIGINT before Spark ran
-        return _fail(JobCancelledError("cancelled before the job started"), 130, cfg)
+        return _fail(JobCancelledError("cancelled before the job started"), EXIT_CANCELLED, cfg)
     except Exception as exc:  # anything else still ends with the JSON line callers parse
         traceback.print_exc()
         return _fail(exc, 1, cfg)

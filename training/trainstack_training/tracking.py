@@ -38,7 +38,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from trainstack_training.attempts import FAILED_FILE, launched_at
+from trainstack_training.attempts import EXIT_CANCELLED, FAILED_FILE, launched_at
 from trainstack_training.epochs import EPOCH_LOG, is_metric
 from trainstack_training.frameworks.torch import EXPORTED_FILE
 from trainstack_training.report import METRICS_FILE, PLOT_FILE
@@ -79,7 +79,6 @@ CLIENT_ENV = {
     "MLFLOW_DISABLE_TELEMETRY": "true",
 }
 EXIT_FAILED, EXIT_USAGE = 1, 2
-EXIT_CANCELLED = 130  # trainstack-train's exit code for a cancelled job (cli.py)
 
 
 class TrackingError(Exception):
