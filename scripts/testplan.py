@@ -187,6 +187,15 @@ def stream_command(stream: Stream, marker: str) -> list[str]:
     return pytest_command(stream.paths, marker, extra + user)
 
 
+def wait_with_usage(proc: subprocess.Popen) -> tuple[int, float]:
+    """Wait for `proc`: its exit code, and the CPU seconds it and every descendant it waited
+    for used on the host (the stream's pytest, Pulumi, Ansible, local Spark...; not the
+    containers, which the engine runs)."""
+    _, status, usage = os.wait4(proc.pid, 0)
+    proc.returncode = os.waitstatus_to_exitcode(status)
+    return proc.returncode, usage.ru_utime + usage.ru_stime
+
+
 class Streams:
     """Runs commands side by side, each line prefixed with its stream's name."""
 
@@ -204,9 +213,9 @@ class Streams:
                 with self.lock:
                     sys.stdout.write(f"[{name}] {line}")
                     sys.stdout.flush()
-        code = proc.wait()
+        code, cpu_s = wait_with_usage(proc)
         seconds = time.monotonic() - started
-        write_record(f"stream-{name}", seconds=round(seconds, 1), exit=code)
+        write_record(f"stream-{name}", seconds=round(seconds, 1), exit=code, cpu_s=round(cpu_s, 1))
         with self.lock:
             self.codes[name] = code
             print(f"[{name}] finished: exit {code} after {clock(seconds)}", flush=True)
@@ -264,14 +273,113 @@ def report_failures(codes: dict[str, int]) -> None:
             )
 
 
+# ------------------------------------------------------------------------------------ machine
+
+
+def cpu_times() -> tuple[int, int]:
+    """The host's (busy, all) CPU time in clock ticks since boot, every core (/proc/stat)."""
+    fields = [int(v) for v in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:9]]
+    idle = fields[3] + fields[4]  # idle and iowait
+    return sum(fields) - idle, sum(fields)
+
+
+def container_cpu_s() -> float | None:
+    """CPU seconds used by every container the engine ran since it started (the `docker`
+    cgroup, which keeps the time of removed containers), or None where it cannot be read."""
+    try:
+        return int(Path("/sys/fs/cgroup/cpuacct/docker/cpuacct.usage").read_text()) / 1e9
+    except (OSError, ValueError):
+        pass
+    try:  # cgroup v2 with the cgroupfs driver
+        for line in Path("/sys/fs/cgroup/docker/cpu.stat").read_text().splitlines():
+            if line.startswith("usage_usec "):
+                return int(line.split()[1]) / 1e6
+    except (OSError, ValueError):
+        pass
+    return None
+
+
+def memory_used_gib() -> float:
+    """MemTotal - MemAvailable (/proc/meminfo), GiB."""
+    info = {}
+    for line in Path("/proc/meminfo").read_text().splitlines():
+        key, _, value = line.partition(":")
+        info[key] = int(value.split()[0])
+    return (info["MemTotal"] - info["MemAvailable"]) / 2**20
+
+
+class Load:
+    """How busy the machine was while a stage ran: the share of all cores busy over the whole
+    stage (1.0: every core all the time; then another stream beside these gains nothing), the
+    share of its 10-second samples with every core above 90 % busy, and the peak memory used.
+    """
+
+    INTERVAL = 10.0
+
+    def __init__(self) -> None:
+        self.cores = os.cpu_count() or 1
+        self.start = cpu_times()
+        self.containers_start = container_cpu_s()
+        self.peak_gib = memory_used_gib()
+        self.samples = self.saturated = 0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._sample, daemon=True)
+        self._thread.start()
+
+    def _sample(self) -> None:
+        last = self.start
+        while not self._stop.wait(self.INTERVAL):
+            now = cpu_times()
+            busy, total = now[0] - last[0], now[1] - last[1]
+            last = now
+            self.samples += 1
+            self.saturated += bool(total and busy / total > 0.9)
+            self.peak_gib = max(self.peak_gib, memory_used_gib())
+
+    def fields(self) -> dict[str, object]:
+        self._stop.set()
+        self._thread.join()
+        end = cpu_times()
+        busy, total = end[0] - self.start[0], end[1] - self.start[1]
+        containers_end = container_cpu_s()
+        containers = (
+            round(containers_end - self.containers_start, 1)
+            if containers_end is not None and self.containers_start is not None
+            else None
+        )
+        return {
+            "cores": self.cores,
+            "containers_cpu_s": containers,
+            "cpu_busy": round(busy / total, 3) if total else None,
+            "saturated": round(self.saturated / self.samples, 3) if self.samples else None,
+            "memory_peak_gib": round(self.peak_gib, 1),
+        }
+
+
+def load_note(record: dict) -> str:
+    if record.get("cpu_busy") is None:
+        return ""
+    note = f"CPU {record['cpu_busy']:.0%} of {record['cores']} cores"
+    if record.get("saturated") is not None:
+        note += f" ({record['saturated']:.0%} of the time all busy)"
+    if record.get("containers_cpu_s") is not None:
+        note += f", containers' CPU {clock(record['containers_cpu_s'])}"
+    return note + f", memory peak {record['memory_peak_gib']} GiB"
+
+
 def run_tier(tier: str, stages: tuple[tuple[Stream, ...], ...], marker: str) -> int:
     started = time.monotonic()
     for number, streams in enumerate(stages, 1):
         stage_started = time.monotonic()
         names = " beside ".join(s.name for s in streams)
         print(f"testplan: {tier} stage {number}/{len(stages)}: {names}", flush=True)
+        load = Load()
         codes = Streams().run(streams, marker)
-        write_record(f"stage-{tier}-{number}", seconds=round(time.monotonic() - stage_started, 1))
+        write_record(
+            f"stage-{tier}-{number}",
+            seconds=round(time.monotonic() - stage_started, 1),
+            **load.fields(),
+        )
         if not passed(codes):
             report_failures(codes)
             write_record(f"tier-{tier}", seconds=round(time.monotonic() - started, 1), exit=1)
@@ -316,8 +424,9 @@ def table_lines(records: dict[str, dict]) -> list[str]:
             continue
         row(f"{tier} tier", seconds_of(f"tier-{tier}"))
         for number, streams in enumerate(stages, 1):
+            stage = records.get(f"stage-{tier}-{number}", {})
             if len(stages) > 1:
-                row(f"stage {number}", seconds_of(f"stage-{tier}-{number}"), depth=2)
+                row(f"stage {number}", stage.get("seconds"), load_note(stage), depth=2)
             for stream in streams:
                 record = records.get(f"stream-{stream.name}")
                 result = records.get(f"pytest-{stream.name}", {})
@@ -325,6 +434,8 @@ def table_lines(records: dict[str, dict]) -> list[str]:
                 for key in totals:
                     totals[key] += counts.get(key, 0)
                 note = ", ".join(f"{n} {k}" for k, n in counts.items() if n)
+                if record and record.get("cpu_s") is not None:
+                    note = f"host CPU {clock(record['cpu_s'])}" + (f"; {note}" if note else "")
                 if record and record.get("exit") not in (0, None):
                     note = f"exit {record['exit']}" + (f"; {note}" if note else "")
                 depth = 3 if len(stages) > 1 else 2

@@ -1,7 +1,9 @@
 """Fixtures for provisioning tests against real containers (``-m provisioning``).
 
 One stack of the real program per session (``tests/support/stacks.Stack``, prefix ``tsprov``):
-the default topology (3 control nodes, 2 masters, 2 workers) without monitoring (its roles are
+3 control nodes (ZooKeeper's quorum, 2 masters) and one worker, the smallest topology with
+every kind of node (the second worker of the default topology would install the same as the
+first, a fifth of a cold install on a CPU-bound CI), without monitoring (its roles are
 checked on the shared stack, tests/platform/test_20_monitoring.py), with ``bakeImage=false``
 (the nodes start from the bare base image and provisioning installs everything, as on SSH
 servers) and ``train=false``. Its one ``pulumi up`` is the cold full
@@ -50,6 +52,7 @@ WHEELHOUSE = Path(os.environ.get("TRAINSTACK_WHEELHOUSE", CACHE / "wheelhouse"))
 CONFIG = {
     "bakeImage": "false",
     "train": "false",
+    "workers": "1",
     "monitoring": "false",
     "baseImage": BASE_IMAGE,
     "wheelhouse": str(WHEELHOUSE),

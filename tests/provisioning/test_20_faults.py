@@ -90,7 +90,7 @@ def _worker_pid(provisioned, host, other_than=None, timeout=30):
 
 
 def test_config_change_restarts_spark_daemon_then_converges(provisioned):
-    host = "worker-2"
+    host = "worker-1"
     before = _worker_pid(provisioned, host)
     assert isinstance(before, int) and before > 0, before
     changed = provisioned.run(

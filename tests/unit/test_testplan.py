@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import os
 import re
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -96,7 +98,7 @@ def test_the_table_shows_each_module_the_index_and_the_counts(testplan, monkeypa
         json.dumps({"modules": {"tests/unit/test_a.py": 80}, "counts": {"passed": 500}})
     )
     testplan.write_record("tier-engine", seconds=1800, exit=1)
-    testplan.write_record("stream-platform", seconds=1700, exit=1)
+    testplan.write_record("stream-platform", seconds=1700, exit=1, cpu_s=754.4)
     (tmp_path / "pytest-platform.json").write_text(
         json.dumps(
             {
@@ -105,14 +107,39 @@ def test_the_table_shows_each_module_the_index_and_the_counts(testplan, monkeypa
             }
         )
     )
+    testplan.write_record(
+        "stage-engine-2",
+        seconds=1700,
+        cores=2,
+        cpu_busy=0.93,
+        saturated=0.8,
+        containers_cpu_s=1250,
+        memory_peak_gib=17.2,
+    )
     testplan.write_record("total", seconds=2400)
     text = "\n".join(testplan.table_lines(testplan.read_records()))
+    assert (
+        "CPU 93% of 2 cores (80% of the time all busy), containers' CPU 20:50, memory peak 17.2 GiB"
+    ) in text
     assert "machine-speed index" in text and "2.00" in text
     assert "tests/platform/test_10_platform.py" in text and "2:05" in text
-    assert "exit 1; 40 passed, 2 failed" in text
+    assert "exit 1; host CPU 12:34; 40 passed, 2 failed" in text
     assert "tests/unit/test_a.py" not in text  # the unit tier's modules stay out of the table
     assert "at reference speed 20:00" in text  # 40 min on a machine twice as slow
     assert text.splitlines()[-1] == "tests: 540 passed, 2 failed, 0 errors, 0 skipped"
+
+
+def test_a_stages_load_is_the_share_of_every_core_it_kept_busy(testplan, monkeypatch):
+    monkeypatch.setattr(testplan.Load, "INTERVAL", 0.05)
+    load = testplan.Load()
+    deadline = time.monotonic() + 0.5
+    while time.monotonic() < deadline:  # one core busy for half a second
+        pass
+    fields = load.fields()
+    assert fields["cores"] == os.cpu_count()
+    assert 1 / fields["cores"] / 2 < fields["cpu_busy"] <= 1, fields
+    assert fields["saturated"] is not None and 0 <= fields["saturated"] <= 1, fields
+    assert 0 < fields["memory_peak_gib"] < 1024, fields
 
 
 def test_the_speed_reference_is_a_measurement(testplan):
@@ -133,3 +160,16 @@ def test_each_stream_records_its_own_end_and_exit(testplan, monkeypatch, tmp_pat
     out = capsys.readouterr().out
     assert "[quick] quick\n" in out and "[slow] done\n" in out
     assert (tmp_path / "slow.log").read_text() == "done\n"
+
+
+def test_a_streams_host_cpu_counts_the_processes_it_started(testplan, monkeypatch, tmp_path):
+    monkeypatch.setenv("TRAINSTACK_TIMES_DIR", str(tmp_path))
+    # The stream's own process only waits; its child burns a core for about a second.
+    loop = "import time\nt = time.process_time()\nwhile time.process_time() - t < 1: pass"
+    burn = f"{sys.executable} -c '{loop}'"
+    busy = testplan.Stream("busy", command=("sh", "-c", f"{burn}; sleep 0.1"))
+    idle = testplan.Stream("idle", command=("sh", "-c", "sleep 1"))
+    assert testplan.Streams().run((busy, idle), "unit") == {"busy": 0, "idle": 0}
+    records = testplan.read_records()
+    assert records["stream-busy"]["cpu_s"] >= 0.9, records["stream-busy"]
+    assert records["stream-idle"]["cpu_s"] < 0.5, records["stream-idle"]
