@@ -40,9 +40,9 @@ JVM = (
     "import time; time.sleep(3600)"
 )
 SCRAPER = """
-import json, sys, time, urllib.request
+import json, os, sys, urllib.request
 ports, n = json.loads(sys.argv[1]), int(sys.argv[2])
-tick = 100
+tick = os.sysconf("SC_CLK_TCK")
 def cpu(pid):
     fields = open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()
     return (int(fields[11]) + int(fields[12])) / tick
