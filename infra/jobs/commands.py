@@ -1,6 +1,7 @@
 """What each `trainstack` command does on a stack (infra.jobs.cli parses the arguments).
 
-The stack's outputs come from `pulumi stack output`; the jobs are reached over the stack's
+The stack's outputs come from `pulumi stack output`, once per state of the stack
+(infra.jobs.outputs_cache); the jobs are reached over the stack's
 transports (infra.transport), their records read from the cluster's shared storage.
 `CliError` carries the exit code the CLI ends with (the codes: infra/jobs/cli.py).
 """
@@ -27,6 +28,7 @@ from infra.config.values import PROJECT_DIR
 from infra.jobs import envs
 from infra.jobs.envs import EnvError
 from infra.jobs.launch import LaunchSettings, train_command
+from infra.jobs.outputs_cache import cached_outputs
 from infra.jobs.package import JobDirError, Packed, pack
 from infra.jobs.remote import (
     JOB_USER,
@@ -77,13 +79,15 @@ def _pulumi_env() -> dict[str, str]:
     return dict(os.environ) if os.environ.get("PULUMI_BACKEND_URL") else project_env()
 
 
-def stack_outputs(stack: str | None) -> dict[str, Any]:
+def _pulumi_outputs(stack: str | None, env: dict[str, str]) -> dict[str, Any]:
+    """What `pulumi stack output --json` prints for the stack (the selected one without
+    `stack`)."""
     cmd = ["pulumi", "stack", "output", "--json", "--non-interactive"]
     if stack:
         cmd += ["--stack", stack]
     try:
         proc = subprocess.run(
-            cmd, capture_output=True, text=True, env=_pulumi_env(), cwd=PROJECT_DIR, timeout=60
+            cmd, capture_output=True, text=True, env=env, cwd=PROJECT_DIR, timeout=60
         )
     except (OSError, subprocess.TimeoutExpired) as exc:
         raise CliError(f"cannot run `pulumi`: {exc}", EXIT_UNREACHABLE) from None
@@ -94,7 +98,24 @@ def stack_outputs(stack: str | None) -> dict[str, Any]:
             "pick a stack with --stack NAME, or `pulumi stack select`",
             EXIT_UNREACHABLE,
         )
-    outputs = json.loads(proc.stdout or "{}")
+    try:
+        outputs = json.loads(proc.stdout or "{}")
+    except ValueError:
+        outputs = None
+    if not isinstance(outputs, dict):
+        raise CliError(
+            f"`pulumi stack output --json` printed no JSON object: {proc.stdout[:200]!r}",
+            EXIT_UNREACHABLE,
+        )
+    return outputs
+
+
+def stack_outputs(stack: str | None) -> dict[str, Any]:
+    """The stack's outputs, with `jobNodes` and `jobDefaults`. Pulumi is asked once per
+    state of the stack: while its state file in a local backend is unchanged, the outputs
+    kept beside it are used (infra.jobs.outputs_cache)."""
+    env = _pulumi_env()
+    outputs = cached_outputs(stack, env, lambda: _pulumi_outputs(stack, env))
     if not outputs.get("jobNodes") or not outputs.get("jobDefaults"):
         raise CliError(
             f"stack {stack or '(selected)'} has no jobNodes/jobDefaults outputs: bring it up "

@@ -23,8 +23,22 @@ from tests.support.outsiders import (
     zk_listing,
     zookeeper_password,
 )
+from tests.support.stacks import wait_until
 
 pytestmark = pytest.mark.security
+
+
+def election_nodes(outputs: dict) -> list[str]:
+    """The children of the Spark masters' leader election in ZooKeeper (one per master whose
+    ZooKeeper client is logged in)."""
+    _, log = sh(
+        node(outputs, "control-1")["container"],
+        zk_cli(outputs, f"ls {spark_znode(outputs)}/leader_election", jaas=JAAS_CLIENT),
+        user="trainstack",
+    )
+    listing = zk_listing(log).strip("[]")
+    return [child.strip() for child in listing.split(",") if child.strip()]
+
 
 # The supervisor program of each daemon whose role a node has (roles/*/defaults: *_program).
 DAEMONS = {"zookeeper": "zookeeper", "spark_master": "spark-master", "spark_worker": "spark-worker"}
@@ -70,4 +84,21 @@ def test_rotation_reaches_every_service(platform):
         user="trainstack",
     )
     assert "leader_election" in zk_listing(log), log[-2000:]
+    # Every master, not only the ALIVE one, is logged in with the new password: each holds a
+    # node of the leader election, so a standby can take over (a master whose SASL login
+    # failed keeps running as STANDBY with none; docs/troubleshooting.md).
+    masters = [n for n in outputs["nodes"] if "spark_master" in n["roles"]]
+    assert len(masters) >= 2, masters
+
+    def every_master_elects() -> list[str] | None:
+        found = election_nodes(outputs)
+        return found if len(found) == len(masters) else None
+
+    latches = wait_until(
+        f"a leader-election node for each of the {len(masters)} masters",
+        every_master_elects,
+        timeout=60,
+        every=5,
+    )
+    assert len(latches) == len(masters), latches
     assert leaks(stack, outputs, {**new, **{f"old {k}": v for k, v in old.items()}}) == []

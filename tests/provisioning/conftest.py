@@ -2,20 +2,23 @@
 
 One stack of the real program per session (``tests/support/stacks.Stack``, prefix ``tsprov``):
 3 control nodes (ZooKeeper's quorum, 2 masters) and one worker, the smallest topology with
-every kind of node (the second worker of the default topology would install the same as the
-first, a fifth of a cold install on a CPU-bound CI), without monitoring (its roles are
-checked on the shared stack, tests/platform/test_20_monitoring.py), with ``bakeImage=false``
-(the nodes start from the bare base image and provisioning installs everything, as on SSH
-servers) and ``train=false``. Its one ``pulumi up`` is the cold full
-install, through the program's inventory (``infra.topology``) and its provisioning resource.
-The re-runs and the fault cases then call ``run_playbook`` directly with the inventory the stack
-exported and the secret the program used, as ``python -m infra.provisioning`` does for the
-program, so that they neither rotate nor break it.
+every kind of node, without monitoring (its roles are checked on the shared stack,
+tests/platform/test_20_monitoring.py) and ``train=false``. Its nodes start from this tree's
+node image (``bakeImage`` true, the default: the newcomer test of stage 1 has baked it; run
+alone, this module's first ``up`` bakes it), so its one ``pulumi up`` is the program's
+provisioning of the configure parts, through the program's inventory (``infra.topology``) and
+its provisioning resource. The re-runs and the fault cases then call ``run_playbook`` directly
+with the inventory the stack exported and the secret the program used, as
+``python -m infra.provisioning`` does for the program, so that they neither rotate nor break
+it. A fault in an install part (a package, a wheel) forces the install parts with
+``trainstack_image_installed=false`` (playbooks/site.yml), as a server without the image
+would run them.
 
-Its own stack, not the suite's shared stack (tests/platform): it tests the full install from
-the bare base image (the shared stack's nodes come from the baked image, where every install
-task is `ok` and the install parts do not even run), and the fault tests feed Ansible bad input
-directly, which needs those install parts.
+The full install from bare Debian is not repeated here: the ssh module (tests/ssh) installs
+one server from bare Debian over SSH with site.yml, the bake (tests/newcomer, tests/images)
+runs every install part from the bare base image over the docker connection, and
+tests/unit/test_deploy_program.py checks what the program declares with ``bakeImage=false``
+(tests/README.md, "Which module proves what").
 
 Environment:
   TRAINSTACK_WHEELHOUSE      the stack's trainstack:wheelhouse (default
@@ -29,7 +32,6 @@ from __future__ import annotations
 
 import json
 import os
-import re
 import shutil
 import sys
 from dataclasses import dataclass, field
@@ -46,11 +48,11 @@ from infra.components.provisioning import integral  # noqa: E402
 from infra.engine import cpu_boost  # noqa: E402
 from infra.provisioning import TaskEvent, run_playbook  # noqa: E402
 from tests.support.cluster import BASE_IMAGE, CACHE  # noqa: E402
+from tests.support.events import streamed_events  # noqa: E402
 from tests.support.stacks import Stack  # noqa: E402
 
 WHEELHOUSE = Path(os.environ.get("TRAINSTACK_WHEELHOUSE", CACHE / "wheelhouse"))
 CONFIG = {
-    "bakeImage": "false",
     "train": "false",
     "workers": "1",
     "monitoring": "false",
@@ -60,12 +62,6 @@ CONFIG = {
     "uiPortBase": "0",
     "monitoringPort": "0",
 }
-# A progress line of the provisioning child (TaskEvent.__str__), as Pulumi streams it.
-EVENT_LINE = re.compile(
-    r"\[(?P<host>[A-Za-z0-9_.-]+)\] (?P<status>ok|changed|failed|unreachable|skipped) +"
-    r"(?P<task>\S.*?)(?: :: .*)?(?: \(ignored\))?\s*$",
-    re.M,
-)
 
 
 def pytest_configure(config):
@@ -73,16 +69,6 @@ def pytest_configure(config):
         "markers", "provisioning: real provisioning runs against Docker containers (slow)"
     )
     config.addinivalue_line("markers", "unit: fast checks without containers")
-
-
-def streamed_events(output: str) -> list[TaskEvent]:
-    """The per-host, per-task progress lines in a `pulumi up`'s output, each once, in order
-    (Pulumi may show a line in the update's stream and again under its diagnostics)."""
-    seen: dict[tuple[str, str, str], TaskEvent] = {}
-    for m in EVENT_LINE.finditer(output):
-        key = (m["host"], m["status"], m["task"].strip())
-        seen.setdefault(key, TaskEvent(host=key[0], task=key[2], status=key[1]))
-    return list(seen.values())
 
 
 def spark_auth_secret(stack: Stack) -> str:
@@ -187,7 +173,7 @@ def provisioned(tmp_path_factory, engine):
     keep = os.environ.get("TRAINSTACK_KEEP_CLUSTER") == "1"
     try:
         stack.init(**CONFIG)
-        # The cold full install: every node downloads its Debian packages (no baked image).
+        # The nodes from the node image: provisioning configures them (install parts skipped).
         up = stack.run("up", "--yes", "--skip-preview", timeout=3600)
         print(up.stdout[-3000:], file=sys.stderr)
         yield Provisioned(stack, workdir, up.stdout + up.stderr)

@@ -1,6 +1,7 @@
-"""Cold full install through the program and idempotence on one stack. The testinfra checks
-(tests/hosts) run against the shared stack (tests/platform/test_10_platform.py, nodes from the
-baked image) and the ssh stack (tests/ssh, a cold install over SSH), not a third time here."""
+"""The program's provisioning of nodes from the node image, its streamed progress, its kept
+artifacts, and idempotence, on one stack. The testinfra checks (tests/hosts) run against the
+shared stack (tests/platform/test_10_platform.py) and the ssh stack (tests/ssh, one server
+installed from bare Debian over SSH), not a third time here."""
 
 from __future__ import annotations
 
@@ -11,20 +12,11 @@ from pathlib import Path
 
 import docker
 import pytest
-import yaml
 
-from .conftest import BASE_IMAGE
+from tests.support.events import role_tasks
 
 REPO = Path(__file__).resolve().parents[2]
 pytestmark = pytest.mark.provisioning
-
-
-def _install_task_names() -> set[str]:
-    """The tasks of the roles' install parts (what a node from the baked image skips)."""
-    names: set[str] = set()
-    for path in (REPO / "roles").glob("*/tasks/install.yml"):
-        names |= {t["name"] for t in yaml.safe_load(path.read_text()) or [] if "name" in t}
-    return names
 
 
 def test_site_converges(provisioned):
@@ -36,16 +28,20 @@ def test_site_converges(provisioned):
     print(f"cold provisioning took {result.duration_s:.0f}s", file=sys.stderr)
 
 
-def test_nodes_start_from_the_bare_base_image(provisioned):
-    """bakeImage false: no node image, the inventory names none, the nodes run the base image."""
+def test_nodes_start_from_the_node_image(provisioned):
+    """bakeImage true (the default): the nodes run this tree's node image, the inventory names
+    it, and provisioning skipped the install parts the image carries."""
     outputs = provisioned.outputs
-    assert outputs["nodeImage"]["tag"] == BASE_IMAGE
-    assert outputs["nodeImage"]["bake_s"] == 0
-    assert "trainstack_node_image" not in provisioned.inventory["all"]["vars"]
+    tag = outputs["nodeImage"]["tag"]
+    assert tag.startswith("trainstack-node:"), tag
+    assert provisioned.inventory["all"]["vars"]["trainstack_node_image"] == tag
     client = docker.from_env()
-    base = client.images.get(BASE_IMAGE).id
+    image = client.images.get(tag).id
     for container in provisioned.containers.values():
-        assert client.containers.get(container).image.id == base, container
+        assert client.containers.get(container).image.id == image, container
+    install = role_tasks("install.yml")
+    ran = {e.task for e in provisioned.events if e.status in ("ok", "changed")}
+    assert install and not ran & install, sorted(ran & install)
 
 
 def test_progress_streamed_per_host_and_task(provisioned):
@@ -54,11 +50,11 @@ def test_progress_streamed_per_host_and_task(provisioned):
     assert {"ok", "changed"} <= statuses, statuses
     hosts = {e.host for e in provisioned.events}
     assert hosts == set(provisioned.hosts)
-    # Every node got the full install: some install task changed it (from the stream; the
-    # `no_log` tasks show as `ok` there, and no install task is `no_log`).
-    install = _install_task_names()
-    installed = {e.host for e in provisioned.events if e.status == "changed" and e.task in install}
-    assert installed == set(provisioned.hosts), sorted(installed)
+    # Every node was configured: some configure task changed it (from the stream; the `no_log`
+    # tasks show as `ok` there).
+    configure = role_tasks("configure.yml")
+    changed = {e.host for e in provisioned.events if e.status == "changed" and e.task in configure}
+    assert changed == set(provisioned.hosts), sorted(changed)
     # The per-host stats the program exports agree: the stream saw every host change.
     assert all(n > 0 for n in provisioned.first.changed().values()), provisioned.first.summary()
 

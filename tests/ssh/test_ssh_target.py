@@ -7,9 +7,17 @@ deployment). One stack goes through the life cycle; the tests run in order on it
 `up` runs in the background, so that a TensorFlow worker can be killed in the middle of the
 run it launches.
 
+One server (`ctl-1`: ZooKeeper, a master, monitoring, tracking) is bare Debian: the first `up`
+installs it over SSH with site.yml (sudo, the wheelhouse's rsync over the inventory's SSH
+options, host keys, facts, every install task of its roles). The other three start from this
+tree's node image with the same sshd added (tests/support/sshd.py): their install tasks find
+the work done, as on servers an earlier `up` installed, so the run pays one full install, not
+four. The workers' install from bare Debian (TensorFlow, the training package) is the bake's
+(tests/newcomer, tests/images), with the same roles.
+
 Its own stack, not the suite's shared one (tests/platform): it is another target (`ssh`), with
-servers that are not containers of the docker target, a full install over SSH from bare
-Debian, and a transport of its own.
+servers that are not containers of the docker target, an install over SSH, and a transport of
+its own.
 """
 
 from __future__ import annotations
@@ -23,7 +31,9 @@ from pathlib import Path
 import pytest
 from trainstack_training.warm import STATE_DIR_PREFIX
 
+from infra.images import bake
 from infra.nodes import NODE_PATHS, SHARED_ROOT
+from tests.support.events import role_tasks, streamed_events
 from tests.support.sshd import SshServers, make_key
 from tests.support.stacks import (
     ROOT,
@@ -52,6 +62,8 @@ CONFIG = {
     # the checks between them run (docs/jobs.md#the-warm-runner).
     "runnerKeepAlive": "30m",
 }
+# Installed from bare Debian over SSH; the others start from the node image.
+BARE = ("ctl-1",)
 # What trainstack puts on a server, and what its teardown must take away again.
 INSTALLED = (NODE_PATHS.install_dir, NODE_PATHS.conf_dir, NODE_PATHS.home_dir, NODE_PATHS.log_dir)
 MODELS = NODE_PATHS.models_dir
@@ -71,7 +83,10 @@ def cluster(tmp_path_factory, engine):
     stack: Stack | None = None
     first: BackgroundUp | None = None
     try:
-        servers.start(list(ROLES))
+        servers.start(list(BARE))
+        # This tree's node image: the newcomer test of stage 1 baked it; run alone, baked here.
+        node_image = bake(progress=None).tag
+        servers.start([n for n in ROLES if n not in BARE], node_image=node_image)
         servers.wait_ready(list(ROLES))
         stack = Stack(work / "state", prefix="tsssh")
         stack.env[HOLD_ENV] = HOLD_FILE
@@ -163,6 +178,22 @@ def test_up_from_nothing_ends_with_a_trained_model(settled):
         assert log.startswith(f"--- rank {rank}, attempt 1, on "), log[:300]
     assert "] changed" in first
     assert "launching on" in first
+
+
+def test_the_bare_server_got_the_full_install_and_the_others_found_it_done(settled):
+    """The first `up` streamed each server's tasks: the bare server's install tasks changed
+    it; on the servers from the node image the same install tasks ran and changed nothing."""
+    _, _, first = settled
+    events = streamed_events(first)
+    install = role_tasks("install.yml")
+    ran = {(e.host, e.task): e.status for e in events if e.task in install}
+    changed = {host for (host, _), status in ran.items() if status == "changed"}
+    assert changed == set(BARE), sorted(changed)
+    for name in ROLES:
+        tasks = [task for host, task in ran if host == name]
+        assert tasks, f"no install task ran on {name}"
+        if name not in BARE:
+            assert {ran[(name, t)] for t in tasks} == {"ok"}, (name, ran)
 
 
 def test_every_server_records_its_facts(settled):

@@ -5,7 +5,14 @@ Each container is a plain Debian 12 machine as far as trainstack can tell: Debia
 passwordless sudo, host keys made when the container starts, a key pair made per test. The
 only thing the containers share is a volume mounted at /srv/trainstack: it stands in for
 the shared file system (NFS) the operator of real servers mounts there (docs/targets.md).
-Nothing of trainstack is installed: provisioning does a full install over SSH.
+
+Two kinds of server: a bare one (Debian with sshd, nothing of trainstack: provisioning does
+the full install over SSH), and one from this tree's node image with the same sshd, login user
+and sudo added (`node_image=` on `start`): every install task finds its work done and reports
+`ok`, as on an operator's server that an earlier `up` installed. The second kind costs one
+apt install per run instead of a full install per server; its image (a layer over the node
+image) is removed with the servers, so that `make clean-images` can remove that node image
+once it is stale.
 """
 
 from __future__ import annotations
@@ -36,39 +43,67 @@ START = " && ".join(
         "exec /usr/sbin/sshd -D -e",
     ]
 )
-DOCKERFILE = f"""\
-FROM {BASE_IMAGE}
+# {base}: Debian, or the node image; {lists}: whether apt's lists go (the node image keeps
+# them, as its roles' package tasks expect a fresh index).
+DOCKERFILE_TEMPLATE = """\
+FROM {base}
 RUN apt-get update \\
  && DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends \\
       openssh-server sudo python3 \\
- && rm -rf /var/lib/apt/lists/* /etc/ssh/ssh_host_* \\
+ && {lists}rm -rf /etc/ssh/ssh_host_* \\
  && mkdir -p /run/sshd \\
- && useradd --create-home --shell /bin/bash {LOGIN_USER} \\
- && echo '{LOGIN_USER} ALL=(ALL) NOPASSWD: ALL' > /etc/sudoers.d/{LOGIN_USER} \\
- && chmod 0440 /etc/sudoers.d/{LOGIN_USER} \\
+ && useradd --create-home --shell /bin/bash {user} \\
+ && echo '{user} ALL=(ALL) NOPASSWD: ALL' > /etc/sudoers.d/{user} \\
+ && chmod 0440 /etc/sudoers.d/{user} \\
  && printf 'PasswordAuthentication no\\nPermitRootLogin no\\n' \\
       > /etc/ssh/sshd_config.d/trainstack-test.conf
 # Host keys are made per container; the authorized key comes from the test.
-CMD ["sh", "-c", "{START}"]
+ENTRYPOINT []
+CMD ["sh", "-c", "{start}"]
 """
+DOCKERFILE = DOCKERFILE_TEMPLATE.format(
+    base=BASE_IMAGE, lists="rm -rf /var/lib/apt/lists/* && ", user=LOGIN_USER, start=START
+)
 IMAGE_TAG = "trainstack-test-sshd:" + hashlib.sha256(DOCKERFILE.encode()).hexdigest()[:12]
+# The label value of a server image built on the node image (removed with its servers, and by
+# `python -m tests.support.leftovers` after a killed run).
+NODE_IMAGE_LABEL = "node-image"
 
 
-def build_image(client: docker.DockerClient) -> str:
-    """The sshd image (built once per Dockerfile digest; apt reaches Debian's mirror)."""
+def _build(client: docker.DockerClient, dockerfile: str, tag: str, kind: str) -> str:
     try:
-        client.images.get(IMAGE_TAG)
-        return IMAGE_TAG
+        client.images.get(tag)
+        return tag
     except docker.errors.ImageNotFound:
         pass
     client.images.build(
-        fileobj=io.BytesIO(DOCKERFILE.encode()),
-        tag=IMAGE_TAG,
+        fileobj=io.BytesIO(dockerfile.encode()),
+        tag=tag,
         rm=True,
         forcerm=True,
-        labels={LABEL: "image"},
+        labels={LABEL: kind},
     )
-    return IMAGE_TAG
+    return tag
+
+
+def build_image(client: docker.DockerClient, node_image: str = "") -> str:
+    """The sshd image on Debian, or on `node_image` (built once per Dockerfile digest; apt
+    reaches Debian's mirror)."""
+    if not node_image:
+        return _build(client, DOCKERFILE, IMAGE_TAG, "image")
+    dockerfile = DOCKERFILE_TEMPLATE.format(base=node_image, lists="", user=LOGIN_USER, start=START)
+    digest = hashlib.sha256(dockerfile.encode()).hexdigest()[:12]
+    return _build(client, dockerfile, f"trainstack-test-sshd-node:{digest}", NODE_IMAGE_LABEL)
+
+
+def remove_node_images(client: docker.DockerClient) -> list[str]:
+    """Remove every sshd image built on a node image; returns their tags."""
+    removed = []
+    for image in client.images.list(filters={"label": f"{LABEL}={NODE_IMAGE_LABEL}"}):
+        for tag in image.tags:
+            client.images.remove(tag, force=True)
+            removed.append(tag)
+    return removed
 
 
 def make_key(directory: Path) -> Path:
@@ -96,9 +131,12 @@ class SshServers:
         self.volume = f"{self.prefix}-shared"
         self.names: list[str] = []
 
-    def start(self, names: list[str], *, memory: str = "3g") -> dict[str, str]:
-        """Start (or find) one container per name; returns name -> IP address."""
-        image = build_image(self.client)
+    def start(
+        self, names: list[str], *, memory: str = "3g", node_image: str = ""
+    ) -> dict[str, str]:
+        """Start (or find) one container per name, bare Debian or from `node_image` (a node
+        image's tag); returns name -> IP address."""
+        image = build_image(self.client, node_image)
         labels = {LABEL: self.prefix}
         if not self.client.networks.list(names=[self.network]):
             self.client.networks.create(self.network, driver="bridge", labels=labels)
@@ -185,3 +223,4 @@ class SshServers:
             network.remove()
         for volume in self.client.volumes.list(filters={"label": f"{LABEL}={self.prefix}"}):
             volume.remove(force=True)
+        remove_node_images(self.client)

@@ -397,6 +397,21 @@ def test_docker_program_outputs(monkeypatch, tmp_path):
     }
 
 
+def test_unbaked_docker_program_names_the_base_image_and_no_node_image(monkeypatch, tmp_path):
+    """bakeImage false on the docker target: the base image is the nodes' image (a
+    RemoteImage of it, no bake: the resource list above), and the inventory names no node
+    image, so site.yml runs every install part (the ssh module's bare server and the bake
+    prove that install on real machines)."""
+    states, out = run_program(PROGRAM_CASES["docker-unbaked"], monkeypatch, tmp_path)
+    assert out["nodeImage"] == {"tag": "debian:bookworm", "bake_s": 0.0, "size_bytes": 0}
+    assert "trainstack_node_image" not in out["inventory"]["all"]["vars"]
+    base = states["urn:pulumi:unit::trainstack::docker:index/remoteImage:RemoteImage::base-image"]
+    assert base["name"] == "debian:bookworm", base
+    baked, _ = run_program(PROGRAM_CASES["docker"], monkeypatch, tmp_path)
+    # The same program with the default bakes: the difference is the flag, not the case.
+    assert any(urn.endswith("::node-image-bake") for urn in baked)
+
+
 def test_ssh_program_outputs(monkeypatch, tmp_path):
     _, out = run_program(PROGRAM_CASES["ssh"], monkeypatch, tmp_path)
     assert out["sparkMasterUrl"] == "spark://192.0.2.10:7077,192.0.2.11:7077"
