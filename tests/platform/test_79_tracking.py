@@ -17,6 +17,7 @@ from pathlib import Path
 
 import pytest
 import requests
+from trainstack_training.epochs import EPOCH_LOG, is_metric
 
 from tests.support.browser import screenshot
 from tests.support.stacks import ROOT, wait_until
@@ -82,6 +83,66 @@ def _record(platform, job_id: str) -> dict:
     return status(platform, job_id)
 
 
+# The training settings that are params beside the job's own [params] (docs/jobs.md, Tracking).
+SETTINGS = ("workers", "epochs", "batch_size", "strategy", "data", "framework")
+
+
+def _expected_params(job: dict) -> dict[str, str]:
+    """The run's params from the job's record (`trainstack list --json`): its [params] with
+    the overrides, over the training settings; a value that is not a string as JSON."""
+    assert isinstance(job.get("params"), dict), job
+    merged = {k: job[k] for k in SETTINGS if job.get(k) not in (None, "")} | job["params"]
+    return {
+        k: v if isinstance(v, str) else json.dumps(v, sort_keys=True) for k, v in merged.items()
+    }
+
+
+def _epochs_ran(platform, job_id: str) -> dict[int, dict]:
+    """The epochs the job ran, by number: its run directory's epochs.jsonl (the chief's rows;
+    after a resume an epoch is there twice and the last row wins), {} when it has none (a job
+    that failed before its first epoch). A file that is there but cannot be read fails."""
+    path = f"{MODELS}/{job_id}/{EPOCH_LOG}"
+    code, text = sh(platform.container(TRACKING_NODE), f"if [ -e {path} ]; then cat {path}; fi")
+    assert code == 0, f"{path} on {TRACKING_NODE}: cannot read it: {text[-500:]}"
+    rows: dict[int, dict] = {}
+    for line in text.splitlines():
+        if line.strip():
+            row = json.loads(line)
+            rows[int(row["epoch"])] = row
+    return rows
+
+
+def _epoch_mismatches(platform, client, job_id: str, run_id: str) -> tuple[list, int]:
+    """Each epoch metric of the job's epochs.jsonl against the run's history: (the metrics
+    whose steps are not each epoch the job ran exactly once, the number of points checked).
+    The server keeps one of identical points, so a step sent twice with the same point is not
+    seen here; tests/training/test_tracking_sync.py counts what the sync sends."""
+    rows = _epochs_ran(platform, job_id)
+    keys = sorted({k for row in rows.values() for k, v in row.items() if is_metric(k, v)})
+    wrong: list[tuple[str, dict]] = []
+    points = 0
+    for key in keys:
+        wanted = sorted(e for e, row in rows.items() if is_metric(key, row.get(key)))
+        have = _steps(client, run_id, key)
+        points += len(wanted)
+        if have != wanted:
+            wrong.append((key, {"epochs ran": wanted, "steps in MLflow": have}))
+    return wrong, points
+
+
+def _each_epoch_once(platform, client, job: dict, run_id: str) -> int:
+    """Assert that the run has every epoch's metrics once; the points checked. A cancelled
+    job's chief may write its last row a moment after the record says cancelled: the daemon
+    syncs it within seconds, so a difference is looked at again for a while before it fails."""
+    deadline = time.monotonic() + 30
+    wrong, points = _epoch_mismatches(platform, client, job["id"], run_id)
+    while wrong and time.monotonic() < deadline:
+        time.sleep(2)
+        wrong, points = _epoch_mismatches(platform, client, job["id"], run_id)
+    assert not wrong, (job["id"], job["state"], wrong)
+    return points
+
+
 def _declared_run(platform, client):
     """The MLflow run of the stack's declared job, as its `training` output names it. The job
     may have been launched more than once in its directory (test_75 goes back to the default
@@ -131,6 +192,7 @@ def test_submitted_jobs_are_runs_whatever_their_framework_and_end(
     jobs = json.loads(listed.stdout)
     ends = {"succeeded": "FINISHED", "failed": "FAILED", "cancelled": "KILLED"}
     seen: dict[str, set[str]] = {}
+    points: dict[str, int] = {}  # epoch metric points checked, per framework
     for job in jobs:
         if job["state"] not in ends:
             continue
@@ -138,6 +200,14 @@ def test_submitted_jobs_are_runs_whatever_their_framework_and_end(
         assert run.info.status == ends[job["state"]], (job, run.info)
         framework = run.data.tags["trainstack.framework"]
         seen.setdefault(framework, set()).add(run.info.status)
+        assert run.data.params == _expected_params(job), (job["id"], run.data.params, job)
+        points[framework] = points.get(framework, 0) + _each_epoch_once(
+            platform, mlflow_client, job, run.info.run_id
+        )
+        if job["state"] == "succeeded" and job.get("mode") == "simple":
+            # A simple-mode job that succeeded ran all its epochs: the check above saw them.
+            ran = sorted(_epochs_ran(platform, job["id"]))
+            assert ran == list(range(1, int(job["epochs"]) + 1)), (job["id"], ran, job)
         artifacts = {a.path for a in mlflow_client.list_artifacts(run.info.run_id)}
         assert "output.log" in artifacts, (job["id"], artifacts)
         if job["state"] == "failed":
@@ -157,6 +227,7 @@ def test_submitted_jobs_are_runs_whatever_their_framework_and_end(
     # test_76 (a cancelled TensorFlow job) and test_79_torch ran before this.
     assert seen.get("tensorflow", set()) >= {"FINISHED", "FAILED", "KILLED"}, seen
     assert "FINISHED" in seen.get("torch", set()), seen
+    assert points.get("tensorflow") and points.get("torch"), points  # epochs were checked
 
 
 def test_list_shows_one_metric_column_and_status_the_run(platform, mlflow_client, failed_job):
@@ -194,6 +265,7 @@ def test_the_server_killed_mid_job_loses_and_repeats_no_metric(platform, mlflow_
     assert submitted.returncode == 0, submitted.stderr
     job_id = submitted.stdout.strip()
     partial: list = []
+    tracked_run: list[str] = []
 
     def some_epochs_tracked() -> bool:
         runs = mlflow_client.search_runs(
@@ -201,6 +273,7 @@ def test_the_server_killed_mid_job_loses_and_repeats_no_metric(platform, mlflow_
             filter_string=f"tags.`trainstack.job_id` = '{job_id}'",
         )
         partial[:] = _steps(mlflow_client, runs[0].info.run_id, "val_loss") if runs else []
+        tracked_run[:] = [runs[0].info.run_id] if runs else []
         return bool(partial)
 
     wait_until("the job's first epochs in MLflow", some_epochs_tracked, 180, every=0.5)
@@ -211,9 +284,17 @@ def test_the_server_killed_mid_job_loses_and_repeats_no_metric(platform, mlflow_
         follow = trainstack(platform, "logs", "-f", job_id, timeout=600)
         assert follow.returncode == 0, follow.stdout[-2000:] + follow.stderr
         assert _record(platform, job_id)["state"] == "succeeded"
+        # The sync that logged the first epochs wrote tracking.json; none since has reached
+        # the server, so it still says the run is not complete.
         tracking_file = f"{MODELS}/{job_id}/tracking.json"
         code, tracked = sh(platform.container(TRACKING_NODE), f"cat {tracking_file}")
-        assert code != 0 or not json.loads(tracked).get("complete"), tracked
+        assert code == 0, f"{tracking_file} on {TRACKING_NODE}: cannot read it: {tracked}"
+        try:
+            record = json.loads(tracked)
+        except ValueError as exc:
+            raise AssertionError(f"{tracking_file}: not JSON ({exc}): {tracked[:500]}") from exc
+        assert record.get("complete") is False, f"{tracking_file} after the job: {record}"
+        assert record.get("run_id") == tracked_run[0], (record, tracked_run)
     finally:
         _server(platform, "start")
     run = _run_of(mlflow_client, job_id, timeout=240)

@@ -282,12 +282,24 @@ def processes_naming(text: str) -> list[str]:
 
 
 def wait_until(what: str, check: Any, timeout: float, every: float = 0.5) -> Any:
+    """`check()`'s first truthy value, tried every `every` s for `timeout` s. An exception of
+    `check` counts as a falsy try; if none succeeded in time, the AssertionError names the
+    last value and the last exception (type and message) and is raised from that exception,
+    so its traceback shows where the check failed."""
     deadline = time.monotonic() + timeout
-    last = None
+    last: Any = None
+    error: Exception | None = None
+    tries = raised = 0
     while time.monotonic() < deadline:
-        with contextlib.suppress(Exception):
+        tries += 1
+        try:
             last = check()
             if last:
                 return last
+        except Exception as exc:
+            error, raised = exc, raised + 1
         time.sleep(every)
-    raise AssertionError(f"{what}: not within {timeout:.0f} s (last: {last!r})")
+    said = f"{what}: not within {timeout:.0f} s (last: {last!r}"
+    if error is not None:
+        said += f"; {raised} of {tries} tries raised, the last {type(error).__name__}: {error}"
+    raise AssertionError(said + ")") from error

@@ -1,5 +1,10 @@
 """Run directories become MLflow runs (trainstack_training.tracking), against a real `mlflow
-server --app-name basic-auth` started here (module-scoped: it takes 15-45 s to start)."""
+server --app-name basic-auth` started here (module-scoped: it takes 15-45 s to start).
+
+"Each epoch once" is counted in what the sync sends (`sent`), not only in what the server
+holds: the server keeps one of identical points (key, step, timestamp, value), and the sync's
+points are identical each time it sends them (the timestamp is the epoch row's), so a step
+sent twice would not show in the run's history."""
 
 from __future__ import annotations
 
@@ -13,7 +18,8 @@ import threading
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Iterator
+from collections import Counter
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -111,6 +117,53 @@ def client(server: Server, monkeypatch: pytest.MonkeyPatch) -> Any:
         os.environ.pop(key, None)
 
 
+class Sent:
+    """The metric points the client sent and the server accepted, per run, in order: what the
+    sync asked for, before the server drops a point identical to one it has."""
+
+    def __init__(self) -> None:
+        self.points: list[tuple[str, Any]] = []  # (run id, mlflow.entities.Metric)
+
+    def record(self, run_id: str, metrics: Iterable[Any]) -> None:
+        self.points.extend((run_id, m) for m in metrics)
+
+    def count(self, run_id: str, keys: Iterable[str] = METRICS) -> Counter[tuple[str, int]]:
+        """How many times each (key, step) of `keys` was sent to the run."""
+        wanted = set(keys)
+        return Counter((m.key, m.step) for r, m in self.points if r == run_id and m.key in wanted)
+
+    def each_once(self, run_id: str, steps: Iterable[int], keys: Iterable[str] = METRICS) -> None:
+        """Every step of every key sent to the run exactly once, and nothing else of them."""
+        keys = tuple(keys)
+        expected = Counter({(key, step): 1 for key in keys for step in steps})
+        assert self.count(run_id, keys) == expected, sorted(self.count(run_id, keys).items())
+
+
+@pytest.fixture
+def sent(client: Any, monkeypatch: pytest.MonkeyPatch) -> Sent:
+    """Count what `client` sends: its log_batch and log_metric (the sync's only ways to log a
+    metric), wrapped on this client, each point recorded once its request has succeeded."""
+    from mlflow.entities import Metric
+
+    seen = Sent()
+    log_batch, log_metric = client.log_batch, client.log_metric
+
+    def counted_batch(run_id: str, metrics: Any = (), *args: Any, **kwargs: Any) -> Any:
+        done = log_batch(run_id, metrics, *args, **kwargs)
+        seen.record(run_id, metrics or ())
+        return done
+
+    def counted_metric(run_id: str, key: str, value: float, timestamp: Any = None,
+                       step: Any = None, *args: Any, **kwargs: Any) -> Any:  # fmt: skip
+        done = log_metric(run_id, key, value, timestamp, step, *args, **kwargs)
+        seen.record(run_id, [Metric(key, value, timestamp or 0, step or 0)])
+        return done
+
+    monkeypatch.setattr(client, "log_batch", counted_batch)
+    monkeypatch.setattr(client, "log_metric", counted_metric)
+    return seen
+
+
 # -- run directories as the runner, the report and the launcher leave them ----------------
 
 
@@ -190,9 +243,11 @@ def test_the_login_works_and_a_client_without_it_is_refused(server: Server, clie
         MlflowClient(server.uri).search_experiments()
 
 
-def test_a_finished_job_becomes_one_complete_run(tmp_path: Path, client: Any) -> None:
+def test_a_finished_job_becomes_one_complete_run(tmp_path: Path, client: Any, sent: Sent) -> None:
     run_dir = make_run(tmp_path, "job-20261205-000001-aaaa", state="succeeded")
     synced = sync_run(run_dir, client, stack="dev", ui_url="http://127.0.0.1:5001")
+    sent.each_once(synced.run_id, range(1, 6))
+    sent.each_once(synced.run_id, [0], ["final_val_accuracy", "total_seconds"])
     run = client.get_run(synced.run_id)
     assert run.info.status == "FINISHED" and run.info.end_time == 1_780_000_100_000
     assert run.info.start_time == 1_780_000_000_500
@@ -222,12 +277,15 @@ def test_a_finished_job_becomes_one_complete_run(tmp_path: Path, client: Any) ->
     )
 
 
-def test_syncing_twice_changes_nothing(tmp_path: Path, client: Any) -> None:
+def test_syncing_twice_changes_nothing(tmp_path: Path, client: Any, sent: Sent) -> None:
     run_dir = make_run(tmp_path, "job-20261205-000002-bbbb", state="succeeded")
     first = sync_run(run_dir, client, stack="dev")
+    sent_first = len(sent.points)
     again = sync_run(run_dir, client, stack="dev")
     assert again.run_id == first.run_id
     assert (again.params, again.metrics, again.artifacts) == (0, 0, [])
+    assert sent_first and sent.points[sent_first:] == [], sent.points[sent_first:]
+    sent.each_once(first.run_id, range(1, 6))
     for key in (*METRICS, "final_val_loss"):
         steps = history(client, first.run_id, key)
         assert len(steps) == len(set(steps)), (key, steps)
@@ -238,11 +296,12 @@ def test_syncing_twice_changes_nothing(tmp_path: Path, client: Any) -> None:
 
 
 def test_a_job_synced_mid_way_then_complete_has_each_epoch_once(
-    tmp_path: Path, client: Any
+    tmp_path: Path, client: Any, sent: Sent
 ) -> None:
     job_id = "job-20261205-000003-cccc"
     run_dir = make_run(tmp_path, job_id, done=2)
     mid = sync_run(run_dir, client, stack="dev")
+    sent.each_once(mid.run_id, [1, 2])
     run = client.get_run(mid.run_id)
     assert run.info.status == "RUNNING"
     assert history(client, mid.run_id, "val_loss") == [1, 2]
@@ -252,15 +311,19 @@ def test_a_job_synced_mid_way_then_complete_has_each_epoch_once(
     record_launch(run_dir, fresh=True)  # a submitted job is a run from before its launch
     make_run(tmp_path, job_id, done=5, state="succeeded")
     sync_run(run_dir, client, stack="dev")
+    sent.each_once(mid.run_id, range(1, 6))  # epochs 1 and 2 not sent again
     for key in METRICS:
         assert history(client, mid.run_id, key) == [1, 2, 3, 4, 5]
     assert client.get_run(mid.run_id).info.status == "FINISHED"
     the_run(client, job_id)  # one run
 
 
-def test_a_sync_stopped_before_its_record_logs_no_step_twice(tmp_path: Path, client: Any) -> None:
+def test_a_sync_stopped_before_its_record_logs_no_step_twice(
+    tmp_path: Path, client: Any, sent: Sent
+) -> None:
     """The daemon's rounds trust tracking.json's steps; one that is behind the server (a sync
-    stopped between logging and writing it) makes the next round send those steps again."""
+    stopped between logging and writing it) makes the next round send those steps again, the
+    very same points (the epoch row's value and timestamp), of which the server keeps one."""
     job_id = "job-20261205-000008-hhhh"
     run_dir = make_run(tmp_path, job_id, done=3)
     first = sync_run(run_dir, client, stack="dev")
@@ -270,12 +333,19 @@ def test_a_sync_stopped_before_its_record_logs_no_step_twice(tmp_path: Path, cli
     make_run(tmp_path, job_id, done=4)
     again = sync_run(run_dir, client, stack="dev")
     assert again.run_id == first.run_id and again.metrics == 3 * len(METRICS), again
+    counts = sent.count(first.run_id)
+    assert counts == {(k, s): 2 if s in (2, 3) else 1 for k in METRICS for s in (1, 2, 3, 4)}
+    points: dict[tuple[str, int], set[tuple[float, int]]] = {}
+    for run_id, m in sent.points:
+        if run_id == first.run_id:
+            points.setdefault((m.key, m.step), set()).add((m.value, m.timestamp))
+    assert all(len(same) == 1 for same in points.values()), points  # sent again identical
     for key in METRICS:
         assert history(client, first.run_id, key) == [1, 2, 3, 4], key
 
 
 def test_a_declared_job_launched_again_in_its_directory_is_a_second_run(
-    tmp_path: Path, client: Any
+    tmp_path: Path, client: Any, sent: Sent
 ) -> None:
     """The stack's declared job (no job.json) launched again with the same run id: the launcher
     drops the first launch's epochs and metrics.json and stamps a new launch; its epochs go to
@@ -305,6 +375,8 @@ def test_a_declared_job_launched_again_in_its_directory_is_a_second_run(
     done = sync_run(run_dir, client, stack="dev")
     assert done.run_id == second.run_id and done.status == "FINISHED", done
     assert history(client, second.run_id, "loss") == [1, 2]
+    sent.each_once(first.run_id, range(1, 6))
+    sent.each_once(second.run_id, [1, 2])  # over its three syncs
 
 
 @pytest.mark.parametrize(("exit_code", "status"), [(1, "FAILED"), (130, "KILLED")])
@@ -350,7 +422,7 @@ def test_a_cancelled_job_is_killed_and_the_manifest_names_the_experiment(
     assert client.get_experiment(run.info.experiment_id).name == "digits-sweep"
 
 
-def test_server_down_loses_nothing(server: Server, tmp_path: Path, client: Any) -> None:
+def test_server_down_loses_nothing(server: Server, tmp_path: Path, client: Any, sent: Sent) -> None:
     run_dir = make_run(tmp_path, "job-20261205-000006-ffff", state="succeeded")
     server.stop()
     try:
@@ -363,6 +435,7 @@ def test_server_down_loses_nothing(server: Server, tmp_path: Path, client: Any) 
         server.start()
     synced = sync_run(run_dir, client, stack="dev")
     assert history(client, synced.run_id, "loss") == [1, 2, 3, 4, 5]
+    sent.each_once(synced.run_id, range(1, 6))
 
 
 def test_sync_prints_one_json_line(
@@ -378,7 +451,8 @@ def test_sync_prints_one_json_line(
     assert only["job_id"] == "job-20261205-000007-abab" and only["complete"] and only["run_id"]
 
 
-def test_watch_picks_up_a_new_run_dir(tmp_path: Path, client: Any) -> None:
+def test_watch_picks_up_a_new_run_dir(tmp_path: Path, client: Any, sent: Sent) -> None:
+    """The daemon's rounds (every 0.2 s here) send each epoch once, however many there are."""
     stop = threading.Event()
     loop = threading.Thread(
         target=tracking.watch, args=(tmp_path, client, 0.2), kwargs={"stop": stop}
@@ -394,9 +468,9 @@ def test_watch_picks_up_a_new_run_dir(tmp_path: Path, client: Any) -> None:
     finally:
         stop.set()
         loop.join(30)
-    assert history(client, the_run(client, "job-20261205-000008-cdcd").info.run_id, "loss") == [
-        1, 2, 3, 4, 5,
-    ]  # fmt: skip
+    run_id = the_run(client, "job-20261205-000008-cdcd").info.run_id
+    assert history(client, run_id, "loss") == [1, 2, 3, 4, 5]
+    sent.each_once(run_id, range(1, 6))
 
 
 def test_watch_ends_on_sigterm(server: Server, tmp_path: Path) -> None:

@@ -104,8 +104,9 @@ LABEL_STATS = {"rows": 10, "null_labels": 0, "min_label": 0, "max_label": 3}
 def test_a_label_the_task_cannot_use_is_one_sentence(stats, task, expected):
     with pytest.raises(DataError) as refused:
         check_labels({**LABEL_STATS, **stats}, task, "y", 10)
-    assert str(refused.value) == expected
-    assert "\n" not in expected
+    said = str(refused.value)  # the product's sentence, not the literal above
+    assert said == expected
+    assert "\n" not in said and "'y'" in said, said
 
 
 def test_a_regression_takes_fractional_negative_and_large_values():
