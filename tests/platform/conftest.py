@@ -11,7 +11,8 @@ The modules run in file order, and each documents what it changes:
   test_20_monitoring   read only: targets, counts, the run's metrics, the utilisation picture
   test_30_security     read only: outsiders refused by Spark and ZooKeeper, no secret in the clear
   test_40_alerts       kills a worker's daemon until its alert fires, then lets it clear
-  test_50_rotation     rotates the secrets (`rotateSecrets`, one more `up`)
+  test_50_rotation     rotates the secrets (`rotateSecrets`): that `up` stopped with two
+                       SIGINTs (drill 4a), then one more `up` converges
   test_60_scaling      scales the workers 2 -> 3 (the drills need the third)
   test_70_failed_job   a training job that fails, then the fix
   test_75_jobs         the user's own code through `pulumi up`: a broken job, the CNN with a
@@ -35,7 +36,9 @@ counting on a large workload to be slow enough.
 from __future__ import annotations
 
 import json
+import os
 import subprocess
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
@@ -43,7 +46,7 @@ from typing import Any
 import pytest
 
 from infra.nodes import NODE_PATHS
-from tests.support.stacks import Stack
+from tests.support.stacks import ROOT, Stack
 
 CONFIG = {
     "uiPortBase": "0",
@@ -120,3 +123,23 @@ def epoch_rows(platform: Platform, run_dir: str) -> list[dict[str, Any]]:
     """The run's epochs.jsonl rows (control-3 holds no master: no drill kills it mid-run)."""
     code, out = sh(platform.container("control-3"), f"cat {run_dir}/epochs.jsonl 2>/dev/null")
     return [json.loads(ln) for ln in out.splitlines() if ln.startswith("{")] if code == 0 else []
+
+
+# The drills' figures (docs/reliability.md), one entry per drill, merged run after run.
+DRILLS_REPORT = ROOT / "bench" / "results" / "drills.json"
+
+
+def record_drill(drill: str, **fields: Any) -> None:
+    """Merge one drill's figures into the JSON report (other drills' entries are kept)."""
+    DRILLS_REPORT.parent.mkdir(parents=True, exist_ok=True)
+    report = json.loads(DRILLS_REPORT.read_text()) if DRILLS_REPORT.exists() else {}
+    commit = subprocess.run(
+        ["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True
+    ).stdout.strip()
+    report[drill] = {
+        **fields,
+        "measured_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        "commit": commit,
+        "load_average_1m": round(os.getloadavg()[0], 1),
+    }
+    DRILLS_REPORT.write_text(json.dumps(report, indent=2, sort_keys=True) + "\n")

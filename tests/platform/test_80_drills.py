@@ -14,22 +14,20 @@ stack usable for the next:
   6  a corrupted data set (truncated Parquet, CSV rows with the wrong number of fields)
   5  every container of the stack restarted at once
   3  the submitting node (worker-1) is down when training is due
-  4  two SIGINTs (Ctrl-C twice: Pulumi stops at once) during provisioning, right after a
-     secret was written and before the daemons restarted; one SIGINT during training; two
-     SIGINTs during training (the job goes on in its container; the next `up` resumes it)
+  4  one SIGINT during training; two SIGINTs during training (the job goes on in its
+     container; the next `up` resumes it). Drill 4a, two SIGINTs during provisioning, strikes
+     the secret rotation's `up` (test_50_rotation): one rotation serves both, and drill 2
+     then shows that a standby restarted by that interrupted rotation still takes over.
 """
 
 from __future__ import annotations
 
 import io
 import json
-import os
 import re
 import signal
 import socket
-import subprocess
 import tarfile
-import threading
 import time
 import urllib.request
 from concurrent.futures import ThreadPoolExecutor
@@ -38,43 +36,24 @@ from typing import Any
 
 import pytest
 
-from tests.support.processes import Recorder, wait_gone
 from tests.support.stacks import (
-    ROOT,
     TENSORFLOW_PIDS,
     BackgroundUp,
     Stack,
     wait_until,
 )
 
-from .conftest import CONFIG, DATA, MODELS, hold, release
+from .conftest import CONFIG, DATA, MODELS, hold, record_drill, release
 
 pytestmark = pytest.mark.drills
 
 WORKERS = 3  # test_60_scaling added the third
-REPORT = ROOT / "bench" / "results" / "drills.json"
 MASTERS = ("control-1", "control-2")
 CONTROLS = ("control-1", "control-2", "control-3")
 
 
 # --------------------------------------------------------------------------------------------
 # Helpers
-
-
-def record(drill: str, **fields: Any) -> None:
-    """Merge one drill's figures into the JSON report (other drills' entries are kept)."""
-    REPORT.parent.mkdir(parents=True, exist_ok=True)
-    report = json.loads(REPORT.read_text()) if REPORT.exists() else {}
-    commit = subprocess.run(
-        ["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True
-    ).stdout.strip()
-    report[drill] = {
-        **fields,
-        "measured_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-        "commit": commit,
-        "load_average_1m": round(os.getloadavg()[0], 1),
-    }
-    REPORT.write_text(json.dumps(report, indent=2, sort_keys=True) + "\n")
 
 
 def container(engine: Any, stack: Stack, node: str) -> Any:
@@ -238,7 +217,7 @@ def test_drill_7_second_up_is_refused_with_the_lock_message(platform, held_up, e
     assert "pulumi cancel" in text  # Pulumi's own hint for a lock left by a killed process
     assert "Traceback" not in text
     assert first.proc.poll() is None, "the first `up` died: " + first.output[-3000:]
-    record(
+    record_drill(
         "7_concurrent_up",
         outcome="refused with Pulumi's lock message; the first `up` went on",
         refused_after_s=round(refused_s, 1),
@@ -290,7 +269,7 @@ def test_drill_1_killed_tensorflow_worker_resumes_from_its_backup(platform, held
     # Resumed from the backup of the last finished epoch, not from the start.
     assert resumed == retried[0]["epoch"] and resumed > 1, metrics["epoch_attempt"]
     assert resumed >= done_before, (resumed, done_before)
-    record(
+    record_drill(
         "1_tensorflow_worker_killed",
         outcome="run finished from its backup",
         killed=f"{node} pid {pid}, after {done_before} finished epoch(s)",
@@ -336,7 +315,7 @@ def test_drill_2_alive_master_killed_mid_training_job_finishes(platform, settled
     assert result["ok"] and result["final_val_accuracy"] >= 0.90, result
     assert result["attempts"] == 1, result  # the job went on, no stage was retried
     back = wait_healthy(engine, stack, timeout=300)
-    record(
+    record_drill(
         "2_alive_master_killed",
         outcome=f"job finished against the standby ({new[0]})",
         killed=f"{old} (container, ZooKeeper member included)",
@@ -395,7 +374,7 @@ def test_drill_6_corrupted_data_fails_naming_file_and_problem(settled, engine, c
     assert stack.outputs()["training"] == outputs_before
     stack.run("preview", "--expect-no-changes")
     message = next(ln for ln in text.splitlines() if problem in ln)
-    record(
+    record_drill(
         f"6_corrupted_data_{case}",
         outcome="job failed before training, naming the file and the problem",
         error=message.strip()[-400:],
@@ -419,7 +398,7 @@ def test_drill_5_every_container_restarted_at_once(settled, engine):
     recovery_s = time.monotonic() - started
     preview = stack.run("preview", "--expect-no-changes", check=False)
     assert preview.returncode == 0, preview.stdout[-3000:]
-    record(
+    record_drill(
         "5_all_containers_restarted",
         outcome="quorum, one ALIVE master, every worker registered; next `up` a no-op",
         restart_calls_s=round(restarted_s, 1),
@@ -448,7 +427,7 @@ def test_drill_3_submitting_node_down_another_worker_submits(settled, engine):
     assert result["submitted_on"] == f"{stack.label}-worker-2", result
     assert result["ok"] and result["final_val_accuracy"] >= 0.90, result
     wait_healthy(engine, stack, timeout=300)
-    record(
+    record_drill(
         "3_submitting_node_down",
         outcome="submitted from worker-2; the run finished on the two live workers",
         down="worker-1 (container stopped)",
@@ -456,100 +435,6 @@ def test_drill_3_submitting_node_down_another_worker_submits(settled, engine):
         recovery_s=0.0,
         recovery_is="no wait: `up` picks the first healthy worker itself",
         final_val_accuracy=round(result["final_val_accuracy"], 4),
-        lost="nothing",
-    )
-
-
-# Prints `stale <program>` for a Spark daemon started before its configuration was last
-# written, `fresh <program>` for one started after; nothing for a program the node does not
-# run. Exits 2, saying why, when it cannot tell (no configuration time, no process age).
-STALE_SPARK = (
-    "conf=$(find /etc/trainstack/spark -type f -printf '%T@\\n' | sort -n | tail -n 1); "
-    "conf=${conf%.*}; "
-    "case $conf in ''|*[!0-9]*) echo \"probe: no configuration time ($conf)\"; exit 2;; esac; "
-    "for prog in spark-master spark-worker; do "
-    "p=$(supervisorctl pid $prog 2>/dev/null); case $p in ''|0|*[!0-9]*) continue;; esac; "
-    "age=$(ps -o etimes= -p $p | tr -d ' '); "
-    "case $age in ''|*[!0-9]*) echo \"probe: no age for $prog (pid $p)\"; exit 2;; esac; "
-    "if [ $(( $(date +%s) - age + 2 )) -lt $conf ]; then echo stale $prog; "
-    "else echo fresh $prog; fi; done"
-)
-SPARK_DAEMONS = {
-    "control-1": "spark-master",
-    "control-2": "spark-master",
-    **{f"worker-{i}": "spark-worker" for i in range(1, WORKERS + 1)},
-}
-
-
-def record_descendants(recorder: Recorder, stop: threading.Event) -> list[str]:
-    """Sample the descendants of the recorder's root until `stop` is set (run in a thread);
-    the errors of samples that failed, if any."""
-    errors: list[str] = []
-    while not stop.is_set():
-        try:
-            recorder.sample()
-        except Exception as exc:  # a process that went while it was read: the next sample
-            errors.append(repr(exc))
-        stop.wait(0.5)
-    return errors
-
-
-def test_drill_4_two_sigints_during_provisioning_next_up_converges(settled, engine):
-    """Ctrl-C twice while Ansible runs: Pulumi stops at once and kills its providers. The run
-    is stopped with them (no Ansible process left, CPU limits given back), and the next `up`
-    re-runs provisioning, which restarts the daemons still running the old secret."""
-    stack = settled
-    nodes = engine.containers.list(filters={"label": stack.selector})
-    before = {c.name: (c.id, c.attrs["HostConfig"]["NanoCpus"]) for c in nodes}
-    stack.set_config(rotateSecrets="drill-4")
-    up = BackgroundUp(stack)
-    # Every process of the run (Pulumi's plugins, the provisioning, Ansible, Mitogen's
-    # helpers, whatever their command lines) is recorded while it runs, to be found gone after.
-    recorder, stop = Recorder(up.proc.pid), threading.Event()
-    with ThreadPoolExecutor(1) as pool:
-        sampling = pool.submit(record_descendants, recorder, stop)
-        try:
-            # The new secret is on the nodes, the restart handlers have not run yet.
-            up.wait_for(r"changed\s+Ensure spark-defaults.conf", timeout=600)
-            stop.set()  # sampled up to the stop, which follows at once
-            interrupted = time.monotonic()
-            code, out = up.stop_at_once()
-        finally:
-            stop.set()
-        sample_errors = sampling.result()
-    assert code != 0, out[-3000:]
-    stopped_s = time.monotonic() - interrupted
-    recorded = list(recorder.seen.values())
-    assert any("ansible-playbook" in p.cmdline for p in recorded), (
-        [str(p) for p in recorded],
-        sample_errors[-5:],
-    )
-    # Every recorded process of the run is gone (the provisioning child first gives the CPU
-    # limits back).
-    left = wait_gone(recorder.left(), timeout=30)
-    assert not left, [str(p) for p in left]
-    after = {c.name: (c.id, c.attrs["HostConfig"]["NanoCpus"]) for c in
-             engine.containers.list(filters={"label": stack.selector})}  # fmt: skip
-    assert after == before, (before, after)  # the same servers, their CPU limits given back
-    again = stack.up()
-    recovery_s = time.monotonic() - interrupted
-    text = again.stdout + again.stderr
-    assert "Traceback" not in text
-    wait_healthy(engine, stack, timeout=300)
-    for node in ("control-1", "control-2", *(f"worker-{i}" for i in range(1, WORKERS + 1))):
-        code, stale = sh(engine, stack, node, STALE_SPARK)
-        assert code == 0 and f"fresh {SPARK_DAEMONS[node]}" in stale.split("\n"), (node, stale)
-        assert "stale" not in stale, f"{node} runs Spark with an old configuration: {stale}"
-    stack.run("preview", "--expect-no-changes")
-    record(
-        "4a_two_sigints_during_provisioning",
-        outcome="Pulumi stopped at once; the run was stopped with it (no Ansible process left, "
-        "CPU limits given back); the next `up` re-ran provisioning, which restarted the "
-        "daemons still on the old secret; no hand edit",
-        stopped_after_s=round(stopped_s, 1),
-        pending_operations_mentioned="pending" in text,
-        recovery_s=round(recovery_s, 1),
-        recovery_is="from the second SIGINT to the end of the next `up`",
         lost="nothing",
     )
 
@@ -578,7 +463,7 @@ def test_drill_4_sigint_during_training_next_up_converges(platform, settled, eng
     assert result["cluster_run_dir"] == run_dir and result["ok"], result
     assert result["attempts"] == 1 and result["final_val_accuracy"] >= 0.90, result
     stack.run("preview", "--expect-no-changes")
-    record(
+    record_drill(
         "4b_sigint_during_training",
         outcome="the running job finished, Pulumi then cancelled; the next `up` converged "
         "without launching anything (no pending operation, no hand edit)",
@@ -619,7 +504,7 @@ def test_drill_4_two_sigints_during_training_next_up_resumes_the_run(platform, s
     assert epochs.count(1) == 1, epochs
     assert set(epochs) == set(range(1, int(CONFIG["trainEpochs"]) + 1)), epochs
     stack.run("preview", "--expect-no-changes")
-    record(
+    record_drill(
         "4c_two_sigints_during_training",
         outcome="Pulumi stopped at once, the job went on in the container; the next `up` "
         "stopped it and launched the same run, which resumed from its backup",
