@@ -356,10 +356,21 @@ class Load:
         }
 
 
+def cpu_minutes(record: dict) -> float | None:
+    """A stage's CPU work in CPU-minutes: its share of all cores busy x the cores x its
+    length (what CI's wall time is bound by on a machine whose cores it keeps busy)."""
+    if record.get("cpu_busy") is None or record.get("seconds") is None:
+        return None
+    return record["cpu_busy"] * record["cores"] * record["seconds"] / 60
+
+
 def load_note(record: dict) -> str:
     if record.get("cpu_busy") is None:
         return ""
     note = f"CPU {record['cpu_busy']:.0%} of {record['cores']} cores"
+    minutes = cpu_minutes(record)
+    if minutes is not None:
+        note += f" = {minutes:.1f} CPU-min"
     if record.get("saturated") is not None:
         note += f" ({record['saturated']:.0%} of the time all busy)"
     if record.get("containers_cpu_s") is not None:
@@ -422,7 +433,17 @@ def table_lines(records: dict[str, dict]) -> list[str]:
             f"stream-{s.name}" in records for st in stages for s in st
         ):
             continue
-        row(f"{tier} tier", seconds_of(f"tier-{tier}"))
+        work = [
+            cpu_minutes(records.get(f"stage-{tier}-{n}", {})) for n in range(1, len(stages) + 1)
+        ]
+        known = [m for m in work if m is not None]
+        row(
+            f"{tier} tier",
+            seconds_of(f"tier-{tier}"),
+            f"{sum(known):.1f} CPU-min (its stages' CPU share x cores x length)"
+            if len(stages) > 1 and known
+            else "",
+        )
         for number, streams in enumerate(stages, 1):
             stage = records.get(f"stage-{tier}-{number}", {})
             if len(stages) > 1:

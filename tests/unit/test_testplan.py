@@ -119,8 +119,11 @@ def test_the_table_shows_each_module_the_index_and_the_counts(testplan, monkeypa
     testplan.write_record("total", seconds=2400)
     text = "\n".join(testplan.table_lines(testplan.read_records()))
     assert (
-        "CPU 93% of 2 cores (80% of the time all busy), containers' CPU 20:50, memory peak 17.2 GiB"
+        "CPU 93% of 2 cores = 52.7 CPU-min (80% of the time all busy), containers' CPU 20:50, "
+        "memory peak 17.2 GiB"
     ) in text
+    # The engine tier's CPU work: its stages' CPU-minutes added up (one stage recorded here).
+    assert "52.7 CPU-min (its stages' CPU share x cores x length)" in text
     assert "machine-speed index" in text and "2.00" in text
     assert "tests/platform/test_10_platform.py" in text and "2:05" in text
     assert "exit 1; host CPU 12:34; 40 passed, 2 failed" in text
