@@ -182,7 +182,8 @@ def test_up_from_nothing_ends_with_a_trained_model(settled):
 
 def test_the_bare_server_got_the_full_install_and_the_others_found_it_done(settled):
     """The first `up` streamed each server's tasks: the bare server's install tasks changed
-    it; on the servers from the node image the same install tasks ran and changed nothing."""
+    it; on the servers from the node image the same install tasks ran and changed nothing
+    (each `ok`, or skipped where its condition found the work done)."""
     _, _, first = settled
     events = streamed_events(first)
     install = role_tasks("install.yml")
@@ -192,8 +193,9 @@ def test_the_bare_server_got_the_full_install_and_the_others_found_it_done(settl
     for name in ROLES:
         tasks = [task for host, task in ran if host == name]
         assert tasks, f"no install task ran on {name}"
-        if name not in BARE:
-            assert {ran[(name, t)] for t in tasks} == {"ok"}, (name, ran)
+        if name not in BARE:  # ok, or skipped where the work's condition is already met
+            statuses = {ran[(name, t)] for t in tasks}
+            assert "ok" in statuses and statuses <= {"ok", "skipped"}, (name, statuses)
 
 
 def test_every_server_records_its_facts(settled):
