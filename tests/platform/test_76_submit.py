@@ -11,10 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.support.stacks import wait_until
-
-from .cli import EXAMPLES, cancel_mid_training, status, trainstack
-from .conftest import sh
+from .cli import EXAMPLES, cancel_mid_training, status, trainstack, wait_state
+from .conftest import MODELS, sh
 
 pytestmark = pytest.mark.e2e
 
@@ -80,11 +78,7 @@ def test_logs_follow_a_job_to_its_end_with_a_line_per_epoch(platform, queued):
 
 def test_the_queued_job_runs_next_with_its_parameters(platform, queued):
     _, second = queued
-    wait_until(
-        "the queued job's end",
-        lambda: status(platform, second)["state"] in ("succeeded", "failed"),
-        600,
-    )
+    wait_state(platform, second, ("succeeded", "failed", "cancelled"))
     record = status(platform, second)
     assert record["state"] == "succeeded", record
     assert record["params"]["hidden_units"] == 64 and record["result"]["epochs"] == 2
@@ -100,8 +94,11 @@ def test_the_queued_job_runs_next_with_its_parameters(platform, queued):
 
 def test_cancel_stops_a_running_job_and_leaves_no_process(platform):
     job_id = cancel_mid_training(platform, EXAMPLES / "digits")
-    output = sh(platform.container("control-3"), f"cat /srv/trainstack/models/{job_id}/output.log")
-    assert "Traceback" not in output[1]
+    code, output = sh(platform.container("control-3"), f"cat {MODELS}/{job_id}/output.log")
+    assert code == 0, output  # the runner writes it from the job's start: it must be there
+    assert "[trainstack] epoch 1/400 " in output, output[-3000:]
+    assert output.rstrip().endswith("[trainstack] job cancelled"), output[-3000:]
+    assert "Traceback" not in output, output[-3000:]
     assert trainstack(platform, "status", job_id).returncode == 1
 
 

@@ -192,6 +192,7 @@ def test_a_job_waits_for_cores_a_plain_application_holds_and_runs_after_it(platf
         "the job queued for the cores",
         lambda: (r := status(platform, job_id))["state"] == "queued" and r.get("waiting_for") and r,
         180,
+        every=3,  # each `trainstack status` is a Python start: no half-second spin
     )
     assert record["waiting_for"] == why, record
     shown = trainstack(platform, "status", job_id)

@@ -11,6 +11,8 @@ import json
 import re
 import subprocess
 from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
 
 import jinja2
 import pulumi
@@ -305,16 +307,35 @@ def test_a_worker_with_gpus_gets_spark_gpu_scheduling():
     assert 'export CUDA_DEVICE_ORDER="PCI_BUS_ID"' in env
 
 
+# A fake nvidia-smi that answers only the query the discovery script must make (the GPUs'
+# indices, one a line, without a header), as the real one prints it; any other arguments fail
+# naming them. Each call's arguments go to calls.log beside it.
+FAKE_NVIDIA_SMI = """#!/bin/sh
+echo "$*" >> "$(dirname "$0")/calls.log"
+if [ "$*" != "--query-gpu=index --format=csv,noheader" ]; then
+  echo "fake nvidia-smi: unexpected arguments: $*" >&2
+  exit 2
+fi
+printf "0\\n 1\\n"
+"""
+
+
 def test_the_discovery_script_prints_what_spark_reads(tmp_path):
     fake = tmp_path / "nvidia-smi"
-    fake.write_text('#!/bin/sh\nprintf "0\\n 1\\n"\n')
+    fake.write_text(FAKE_NVIDIA_SMI)
     fake.chmod(0o755)
+    # The fake itself refuses a query other than the indices' (e.g. names, with a header).
+    other = subprocess.run([str(fake), "--query-gpu=name", "--format=csv"], capture_output=True)
+    assert other.returncode == 2 and b"unexpected arguments: --query-gpu=name" in other.stderr
+    (tmp_path / "calls.log").unlink()
     script = SPARK_ROLE / "files" / "gpu-discovery.sh"
     found = subprocess.run(
         ["sh", str(script)], env={"PATH": f"{tmp_path}:/usr/bin:/bin"}, capture_output=True
     )
     assert found.returncode == 0, found.stderr
     assert json.loads(found.stdout) == {"name": "gpu", "addresses": ["0", "1"]}
+    calls = (tmp_path / "calls.log").read_text().splitlines()
+    assert calls == ["--query-gpu=index --format=csv,noheader"], calls
     fake.unlink()
     missing = subprocess.run(
         ["sh", str(script)], env={"PATH": f"{tmp_path}:/usr/bin:/bin"}, capture_output=True
@@ -325,3 +346,106 @@ def test_the_discovery_script_prints_what_spark_reads(tmp_path):
 def test_group_vars_map_the_inventory_count_onto_the_role():
     group_vars = yaml.safe_load((REPO / "playbooks/group_vars/all.yml").read_text())
     assert group_vars["spark_gpu_amount"] == "{{ trainstack_spark_worker_gpus | default(0) }}"
+
+
+# --- the trainer's side --------------------------------------------------------------------------
+
+
+def test_a_job_with_gpus_asks_spark_for_them_per_task_and_per_executor():
+    from trainstack_training.config import TrainConfig
+    from trainstack_training.spark import context_settings
+
+    settings = context_settings(TrainConfig(master="local[2]", gpus_per_worker=2))
+    assert settings["spark.task.resource.gpu.amount"] == "2"
+    assert settings["spark.executor.resource.gpu.amount"] == "2"
+    cpu = context_settings(TrainConfig(master="local[2]"))
+    assert not [k for k in cpu if "gpu" in k], cpu
+
+
+class _Device:
+    def __init__(self, name: str) -> None:
+        self.type, _, index = name.partition(":")
+        self.index = int(index) if index else None
+
+    def __str__(self) -> str:
+        return self.type if self.index is None else f"{self.type}:{self.index}"
+
+
+class _ProcessGroupStartedError(Exception):
+    """Raised by the fake torch's init_process_group: the test stops the rank there."""
+
+
+def _fake_torch(cuda: bool) -> SimpleNamespace:
+    """As much of torch as TorchBackend.run uses up to its process group; the calls made."""
+    calls: dict[str, list] = {"set_device": [], "init_process_group": []}
+
+    def init_process_group(**kwargs: object) -> None:
+        calls["init_process_group"].append(kwargs)
+        raise _ProcessGroupStartedError
+
+    return SimpleNamespace(
+        calls=calls,
+        manual_seed=lambda seed: None,
+        device=_Device,
+        cuda=SimpleNamespace(
+            is_available=lambda: cuda, set_device=lambda d: calls["set_device"].append(str(d))
+        ),
+        distributed=SimpleNamespace(init_process_group=init_process_group),
+    )
+
+
+def _rank(gpus: list[str]) -> Any:
+    """As much of a RankRun as TorchBackend.run reads up to its process group."""
+    cfg = SimpleNamespace(seed=42, workers=2)
+    return SimpleNamespace(cfg=cfg, rank=1, gpus=gpus, host="192.0.2.21", peers=[], marks={})
+
+
+@pytest.mark.parametrize(
+    "gpus, backend, device", [(["1", "2"], "nccl", "cuda:1"), ([], "gloo", None)]
+)
+def test_a_torch_rank_given_a_gpu_runs_nccl_on_it_else_gloo(gpus, backend, device):
+    from trainstack_training.frameworks.torch import TorchBackend
+
+    torch = _fake_torch(cuda=True)
+    with pytest.raises(_ProcessGroupStartedError):
+        TorchBackend().run(_rank(gpus), module=None, framework=torch)
+    (call,) = torch.calls["init_process_group"]
+    assert call["backend"] == backend, call
+    assert torch.calls["set_device"] == ([device] if device else [])
+
+
+def test_a_torch_rank_given_a_gpu_that_torch_cannot_see_says_so():
+    from trainstack_training.frameworks.torch import TorchBackend
+
+    torch = _fake_torch(cuda=False)
+    with pytest.raises(RuntimeError) as err:
+        TorchBackend().run(_rank(["0"]), module=None, framework=torch)
+    assert str(err.value).startswith(
+        "Spark gave rank 1 GPU 0 on 192.0.2.21, but torch sees no CUDA device there"
+    )
+    assert torch.calls["init_process_group"] == []
+
+
+def test_a_tensorflow_job_with_gpus_is_refused_before_spark_starts(tmp_path):
+    from trainstack_training.config import TrainConfig
+    from trainstack_training.launcher import _prepare_run
+    from trainstack_training.spark import ClusterError
+
+    def prepare(example: str, out: str) -> None:
+        _prepare_run(
+            TrainConfig(
+                output=str(tmp_path / out),
+                master="local[2]",
+                job_dir=str(REPO / "examples" / example),
+                gpus_per_worker=1,
+                job_env=str(tmp_path / "site"),  # torch's overlay (the torch job lists it)
+            )
+        )
+
+    with pytest.raises(ClusterError) as err:
+        prepare("digits", "tf")
+    assert str(err.value) == (
+        "gpus_per_worker=1: GPUs train torch jobs only; the nodes run TensorFlow's CPU build "
+        "(set gpus_per_worker=0 for this job)"
+    )
+    prepare("digits-torch", "torch")  # the same request for a torch job is taken

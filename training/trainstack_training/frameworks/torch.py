@@ -72,10 +72,16 @@ class TorchBackend(Backend):
         device = rank_device(torch, run)
         distributed = run.cfg.workers > 1
         if distributed:
+            backend = process_group_backend(device)
             torch.distributed.init_process_group(
-                backend="nccl" if device.type == "cuda" else "gloo",
+                backend=backend,
                 init_method="env://",
                 timeout=timedelta(seconds=COLLECTIVE_TIMEOUT_S),
+            )
+            # In the rank's log (`trainstack logs --rank N`): which collectives it runs on.
+            print(
+                f"process group: {backend}, rank {run.rank} of {run.cfg.workers}, on {device}",
+                flush=True,
             )
         run.marks["process_group_ready"] = time.time()
         ctx, reporter = self._context(run, torch, device)
@@ -140,6 +146,11 @@ def rank_device(torch: Any, run: RankRun) -> Any:
     return device
 
 
+def process_group_backend(device: Any) -> str:
+    """The process group's backend for a rank on `device`: NCCL on a GPU, else gloo."""
+    return "nccl" if device.type == "cuda" else "gloo"
+
+
 def import_torch(cores: int, env_site: str = "") -> Any:
     """Import torch (from the job's packages overlay, `env_site`) with its thread pools sized
     to the cores Spark gave this task."""
@@ -184,6 +195,8 @@ def simple(run: RankRun, module: Any, ctx: JobContext, reporter: EpochReporter) 
     model.to(ctx.device)
     if spec.strategy == FSDP and ctx.world_size > 1:
         shard(torch, model)  # before the optimizer: it must see the sharded parameters
+        local, total = shard_sizes(model)
+        print(f"FSDP: this rank holds {local} of the model's {total} parameters", flush=True)
     regression = ctx.task == REGRESSION
     loss_fn = (
         call_user(spec, module.loss_fn, ctx)
@@ -328,6 +341,16 @@ def shard(torch: Any, model: Any) -> None:
         if any(True for _ in module.parameters(recurse=False)):
             fully_shard(module)
     fully_shard(model)
+
+
+def shard_sizes(model: Any) -> tuple[int, int]:
+    """The model's parameters (elements) that this rank holds, and the whole model's: a
+    sharded parameter (a DTensor) counts its local shard."""
+    local = total = 0
+    for param in model.parameters():
+        total += param.numel()
+        local += param.to_local().numel() if hasattr(param, "to_local") else param.numel()
+    return local, total
 
 
 def sharded(model: Any) -> bool:
