@@ -2,11 +2,15 @@
 
 from __future__ import annotations
 
+import contextlib
+import importlib.util
 import json
 import os
 import shutil
+import signal
 import subprocess
 import sys
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -34,9 +38,16 @@ def _require_runtime() -> None:
             "set JAVA_HOME)",
             pytrace=False,
         )
+    # pyspark and trainstack_training are imported (pytest uses them); TensorFlow and tf_keras
+    # only found: the ranks and the few tests that need them import them in processes of
+    # their own, and their import would cost pytest about 10 CPU-seconds for nothing.
     for module in ("pyspark", "tensorflow", "tf_keras", "trainstack_training"):
         try:
-            __import__(module)
+            if module in ("tensorflow", "tf_keras"):
+                if importlib.util.find_spec(module) is None:
+                    raise ImportError(f"No module named {module!r}")
+            else:
+                __import__(module)
         except ImportError as exc:
             pytest.fail(
                 f"{module} is not importable ({exc}); install training/ and "
@@ -59,6 +70,37 @@ def spark() -> Iterator[Any]:
     session = build_session(TrainConfig(master="local[2]", slot_wait_seconds=3))
     yield session
     session.stop()
+
+
+# A job run with these arguments runs in the warm runner of `warm_runner`'s directory, as the
+# stack's jobs do by default (`trainstack:runnerKeepAlive`): idle for this long, it stops.
+IN_WARM_RUNNER = ["--runner-keep-alive", "60"]
+
+
+@pytest.fixture(scope="module")
+def warm_runner(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
+    """The directory (TRAINSTACK_WARM_DIR) of one warm runner for a module's jobs run with
+    IN_WARM_RUNNER: one local Spark JVM for them all, and one TensorFlow import, in its
+    executor's daemon, for all their ranks and retries (a job's own application starts a JVM,
+    and every rank of every attempt imports TensorFlow: about 10 CPU-seconds each). The
+    runner is stopped after the module; tests/training/test_warm.py tests the runner itself."""
+    path = tmp_path_factory.mktemp("warm") / "state"
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("TRAINSTACK_WARM_DIR", str(path))
+        yield path
+    info = path / "runner.json"
+    pid = int(json.loads(info.read_text()).get("pid", 0)) if info.exists() else 0
+    if pid:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGTERM)
+        deadline = time.monotonic() + 30
+        while Path(f"/proc/{pid}").exists() and time.monotonic() < deadline:
+            time.sleep(0.2)
+
+
+def in_warm_runner(stderr: str) -> bool:
+    """Whether the job whose stderr this is ran in a warm runner (it says so as it attaches)."""
+    return "warm runner started (pid " in stderr or "running in the warm runner (pid " in stderr
 
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples"

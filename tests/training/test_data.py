@@ -328,58 +328,64 @@ def test_session_settings_for_barrier_training(spark: Any) -> None:
     assert conf.get("spark.master") == "local[2,4]"  # plain local[N] would never retry
 
 
-def test_worker_environment_is_set_before_tensorflow(tmp_path: Path) -> None:
+# Both checks below need TensorFlow in a process of its own, started as a task's worker is;
+# one process runs both (a TensorFlow import is about 10 CPU-seconds): the worker's
+# environment first, while the runtime has not started, then the input pipelines' options.
+TF_PROCESS = (
+    "import json, os\n"
+    # As in a task's worker: forked from the daemon that imported TensorFlow already.
+    "from trainstack_training.daemon import preload\n"
+    "preload()\n"
+    "from trainstack_training.frameworks.base import pin_to_cores\n"
+    "from trainstack_training.frameworks.tensorflow import configure_environment\n"
+    "tf_config = {'cluster': {'worker': ['h:1', 'h:2']}, 'task': {'type': 'worker', "
+    "'index': 1}}\n"
+    "configure_environment(tf_config, cores=1)\n"
+    "print('pinned', pin_to_cores(1, 1))\n"
+    "from trainstack_training.frameworks.tensorflow import import_tensorflow\n"
+    "tf = import_tensorflow(1)\n"
+    "r = tf.distribute.cluster_resolver.TFConfigClusterResolver()\n"
+    "print('environment', json.dumps([r.task_id, os.environ['TF_USE_LEGACY_KERAS'], "
+    "tf.config.threading.get_intra_op_parallelism_threads(), "
+    "len(os.sched_getaffinity(0)), tf.keras.__name__]))\n"
+    "tf.constant(1) + 1  # the runtime starts\n"
+    "try:\n"
+    "    configure_environment(None, 1)\n"
+    "except RuntimeError as exc:\n"
+    "    print('refused:', exc)\n"
+    "from trainstack_training.frameworks.tensorflow import input_options\n"
+    "o = input_options(tf)\n"
+    "print('options', json.dumps([o.autotune.enabled, o.experimental_distribute.auto_shard_policy "
+    "== tf.data.experimental.AutoShardPolicy.OFF]))\n"
+    "ds = tf.data.Dataset.range(4).with_options(o)\n"
+    "print('dataset', json.dumps([ds.options().autotune.enabled, [int(x) for x in ds]]))\n"
+)
+
+
+@pytest.fixture(scope="module")
+def tf_process() -> dict[str, str]:
+    """What TF_PROCESS printed: its lines by their first word ("refused:" included)."""
     import subprocess
     import sys
 
-    code = (
-        "import json, os\n"
-        # As in a task's worker: forked from the daemon that imported TensorFlow already.
-        "from trainstack_training.daemon import preload\n"
-        "preload()\n"
-        "from trainstack_training.frameworks.base import pin_to_cores\n"
-        "from trainstack_training.frameworks.tensorflow import configure_environment\n"
-        "tf_config = {'cluster': {'worker': ['h:1', 'h:2']}, 'task': {'type': 'worker', "
-        "'index': 1}}\n"
-        "configure_environment(tf_config, cores=1)\n"
-        "print(pin_to_cores(1, 1))\n"
-        "from trainstack_training.frameworks.tensorflow import import_tensorflow\n"
-        "tf = import_tensorflow(1)\n"
-        "r = tf.distribute.cluster_resolver.TFConfigClusterResolver()\n"
-        "print(json.dumps([r.task_id, os.environ['TF_USE_LEGACY_KERAS'], "
-        "tf.config.threading.get_intra_op_parallelism_threads(), "
-        "len(os.sched_getaffinity(0)), tf.keras.__name__]))\n"
-        "tf.constant(1) + 1  # the runtime starts\n"
-        "try:\n"
-        "    configure_environment(None, 1)\n"
-        "except RuntimeError as exc:\n"
-        "    print('refused:', exc)\n"
+    proc = subprocess.run(
+        [sys.executable, "-c", TF_PROCESS], capture_output=True, text=True, timeout=300
     )
-    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
-    lines = proc.stdout.strip().splitlines()
     assert proc.returncode == 0, proc.stderr[-2000:]
-    task_id, legacy, intra, ncpu, keras_name = json.loads(lines[1])
+    lines = proc.stdout.strip().splitlines()
+    said = dict(ln.split(" ", 1) for ln in lines if " " in ln)
+    assert set(said) >= {"pinned", "environment", "options", "dataset"}, lines
+    return said
+
+
+def test_worker_environment_is_set_before_tensorflow(tf_process: dict[str, str]) -> None:
+    task_id, legacy, intra, ncpu, keras_name = json.loads(tf_process["environment"])
     assert (task_id, legacy, intra, ncpu) == (1, "1", 1, 1)
     assert keras_name.startswith("tf_keras"), keras_name
-    assert lines[2].startswith("refused: TensorFlow's runtime already runs"), lines
+    assert "refused:" in tf_process, tf_process
+    assert tf_process["refused:"].startswith("TensorFlow's runtime already runs"), tf_process
 
 
-def test_input_pipelines_keep_their_shard_and_skip_autotuning() -> None:
-    import subprocess
-    import sys
-
-    code = (
-        "import json\n"
-        "from trainstack_training.frameworks.tensorflow import import_tensorflow, input_options\n"
-        "tf = import_tensorflow(1)\n"
-        "o = input_options(tf)\n"
-        "print(json.dumps([o.autotune.enabled, o.experimental_distribute.auto_shard_policy "
-        "== tf.data.experimental.AutoShardPolicy.OFF]))\n"
-        "ds = tf.data.Dataset.range(4).with_options(o)\n"
-        "print(json.dumps([ds.options().autotune.enabled, [int(x) for x in ds]]))\n"
-    )
-    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
-    assert proc.returncode == 0, proc.stderr[-2000:]
-    lines = proc.stdout.strip().splitlines()
-    assert json.loads(lines[-2]) == [False, True]
-    assert json.loads(lines[-1]) == [False, [0, 1, 2, 3]]
+def test_input_pipelines_keep_their_shard_and_skip_autotuning(tf_process: dict[str, str]) -> None:
+    assert json.loads(tf_process["options"]) == [False, True]
+    assert json.loads(tf_process["dataset"]) == [False, [0, 1, 2, 3]]

@@ -1,6 +1,7 @@
 """The job contract end to end in local[2] (real Spark, real TensorFlow): both examples
 train, a job's parameters reach its code, and a bad job or an error in the job's code is
-one clear failure naming the user's file and line."""
+one clear failure naming the user's file and line. The jobs run in one warm runner, as the
+stack's jobs do (conftest.warm_runner); test_training.py runs jobs in their own application."""
 
 from __future__ import annotations
 
@@ -14,15 +15,22 @@ import pytest
 from trainstack_training.job import ERROR_FILE
 from trainstack_training.launcher import ATTEMPTS_LOG
 
-from .conftest import EXAMPLES, run_cli
+from .conftest import EXAMPLES, IN_WARM_RUNNER, in_warm_runner, run_cli
 
-pytestmark = pytest.mark.training
+pytestmark = [pytest.mark.training, pytest.mark.usefixtures("warm_runner")]
 
 # After one rank fails, the other ranks stop within this many seconds (docs/jobs.md).
 STOP_OTHER_RANKS_S = 15
 # Barrier-stage attempts of the failing jobs below (--max-attempts): the first and 3 retries.
 MAX_ATTEMPTS = 4
 WORKERS = 2  # trainstack-train's default
+
+
+def run_job(args: list[str], timeout: int = 600) -> tuple[int, dict, str]:
+    """`run_cli` in the module's warm runner; the job must have run there."""
+    rc, summary, err = run_cli([*args, *IN_WARM_RUNNER], timeout)
+    assert in_warm_runner(err), err[-3000:]
+    return rc, summary, err
 
 
 def _record_start(path: Path) -> str:
@@ -62,7 +70,7 @@ def _job(root: Path, files: dict[str, str]) -> Path:
 
 
 def test_the_convolutional_example_trains_in_full_mode(tmp_path):
-    rc, s, err = run_cli(
+    rc, s, err = run_job(
         ["--job-dir", str(EXAMPLES / "digits-cnn"), "--epochs", "8", "--output", str(tmp_path)]
     )
     assert rc == 0, err[-3000:]
@@ -93,7 +101,7 @@ def test_params_reach_the_code_and_datasets_transform_the_shard(tmp_path):
             ),
         },
     )
-    rc, s, err = run_cli(
+    rc, s, err = run_job(
         ["--job-dir", str(job), "--job-params", '{"units": 7}', "--epochs", "2",
          "--output", str(tmp_path / "out"), "--no-plot"]
     )  # fmt: skip
@@ -117,7 +125,7 @@ def test_an_error_in_the_users_code_names_their_file_and_line_and_is_not_retried
         },
     )
     out = tmp_path / "out"
-    rc, s, _ = run_cli(
+    rc, s, _ = run_job(
         ["--job-dir", str(job), "--output", str(out), "--max-attempts", str(MAX_ATTEMPTS)]
     )
     assert rc == 1 and s["ok"] is False and s["kind"] == "JobCodeError", s
@@ -144,7 +152,7 @@ def test_a_job_without_progress_fails_with_every_ranks_stacks(tmp_path):
         },
     )
     out = tmp_path / "out"
-    rc, s, _ = run_cli(
+    rc, s, _ = run_job(
         ["--job-dir", str(job), "--output", str(out), "--max-attempts", str(MAX_ATTEMPTS)]
     )
     assert rc == 1 and s["kind"] == "JobCodeError", s
@@ -196,7 +204,7 @@ def test_one_rank_failing_stops_the_others_within_seconds(tmp_path):
             ),
         },
     )
-    rc, s, _ = run_cli(["--job-dir", str(job), "--output", str(tmp_path / "out")], timeout=600)
+    rc, s, _ = run_job(["--job-dir", str(job), "--output", str(tmp_path / "out")], timeout=600)
     assert rc == 1 and s["kind"] == "JobCodeError", s
     assert "ValueError: rank one gives up (at m.py:6)" in s["error"], s["error"]
     log = (tmp_path / "out" / "rank-1.log").read_text()
@@ -269,7 +277,7 @@ def test_a_regression_model_in_full_mode_reports_its_own_metrics(tmp_path):
         },
     )
     out = tmp_path / "out"
-    rc, s, err = run_cli(["--job-dir", str(job), "--epochs", "3", "--output", str(out)])
+    rc, s, err = run_job(["--job-dir", str(job), "--epochs", "3", "--output", str(out)])
     assert rc == 0 and s["ok"], (s, err[-3000:])
     assert "accuracy" not in s and "final_val_accuracy" not in s, s
     assert set(s["final"]) == {"val_mae", "val_loss"} and s["metric"] == "val_loss", s
@@ -293,7 +301,7 @@ def test_a_returned_value_that_is_not_a_number_is_named_not_a_traceback(tmp_path
             "m.py": REGRESSION_JOB.replace("RETURNED", "{'val_mae': 'good'}"),
         },
     )
-    rc, s, _ = run_cli(["--job-dir", str(job), "--epochs", "1", "--output", str(tmp_path / "o")])
+    rc, s, _ = run_job(["--job-dir", str(job), "--epochs", "1", "--output", str(tmp_path / "o")])
     assert rc == 1 and s["ok"] is False and s["kind"] == "JobCodeError", s
     assert s["error"] == (
         "your code failed: train(ctx) in m.py returned val_mae='good'; each value of the "
@@ -306,7 +314,7 @@ def test_the_regression_example_trains_in_simple_mode(tmp_path):
     # table, `loss="mse", metrics=["mae"]`, val_mae shown first (the manifest's `metric`).
     example = EXAMPLES / "regression"
     data = str(example / "data" / "diabetes.parquet")
-    rc, s, err = run_cli(
+    rc, s, err = run_job(
         ["--job-dir", str(example), "--data", data, "--epochs", "3", "--output", str(tmp_path)]
     )
     assert rc == 0 and s["ok"], (s, err[-3000:])

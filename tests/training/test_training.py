@@ -16,7 +16,7 @@ from trainstack_training.report import SPLIT_PARTS, time_split
 from trainstack_training.spark import wait_for_slots
 from trainstack_training.sparkmaster import WAITING_FILE, Application, MasterView
 
-from .conftest import EXAMPLES, run_cli
+from .conftest import EXAMPLES, IN_WARM_RUNNER, in_warm_runner, run_cli
 
 pytestmark = pytest.mark.training
 
@@ -110,20 +110,23 @@ def test_one_worker_baseline_is_comparable(
     ],
     ids=["worker-killed", "chief-killed", "full-mode-worker-killed"],
 )
+@pytest.mark.usefixtures("warm_runner")
 def test_killed_worker_resumes_from_backup(
     tmp_path: Path, victim: int, epoch: int, expected: list[int], job: str
 ) -> None:
     # A worker SIGKILLs its own Python process halfway through an epoch (a real crash, no
     # cleanup); Spark retries the barrier stage and both workers resume from the last backup.
-    # A full-mode job resumes too when it passes ctx.callbacks() to its fit.
+    # A full-mode job resumes too when it passes ctx.callbacks() to its fit. In one warm
+    # runner, as on the stack: the rank killed is a worker forked from its executor's daemon.
     rc, s, err = run_cli(
         ["--job-dir", str(EXAMPLES / job), "--master", "local[2]", "--workers", "2",
-         "--epochs", "4", "--output", str(tmp_path),
+         "--epochs", "4", "--output", str(tmp_path), *IN_WARM_RUNNER,
          "--fault-kill-epoch", str(epoch), "--fault-kill-worker", str(victim)]
     )  # fmt: skip
     assert rc == 0, err[-3000:]
     assert (tmp_path / ".fault-injected").exists(), "the fault was never injected"
     assert s["attempts"] == 2 and s["epochs"] == 4, s
+    assert in_warm_runner(err), err[-3000:]
     metrics = json.loads(Path(s["metrics_path"]).read_text())
     # the epochs before the crash come from attempt 1, the crashed one and later from the retry
     assert metrics["epoch_attempt"] == expected
