@@ -24,13 +24,13 @@ from pathlib import Path
 
 import docker
 import pytest
-import yaml
 
 from infra.config import StackConfig
 from infra.nodes import NODE_PATHS
 from infra.provisioning import run_playbook
 from infra.provisioning.wheelhouse import WheelhouseError, build_node_wheelhouse
 from tests.support import cluster as cl
+from tests.support.events import role_tasks
 
 from .conftest import TEST_REPOSITORY
 
@@ -40,13 +40,6 @@ b = importlib.import_module("infra.images.bake")
 WHEELHOUSE = Path(os.environ.get("TRAINSTACK_WHEELHOUSE", cl.CACHE / "wheelhouse"))
 VENV_PY = f"{NODE_PATHS.venv_dir}/bin/python"
 pytestmark = pytest.mark.provisioning
-
-
-def _install_task_names() -> set[str]:
-    names: set[str] = set()
-    for path in (REPO / "roles").glob("*/tasks/install.yml"):
-        names |= {t["name"] for t in yaml.safe_load(path.read_text()) or [] if "name" in t}
-    return names
 
 
 def _remove_test_images() -> None:
@@ -207,7 +200,7 @@ def test_provisioning_from_the_image_installs_nothing(cluster):
     c, _run, runs = cluster
     first, events = runs[0]
     assert first.ok, first.summary()
-    install = _install_task_names()
+    install = role_tasks("install.yml")
     changed = sorted(
         {(e.host, e.task) for e in events if e.status == "changed" and e.task in install}
     )
@@ -232,7 +225,7 @@ def test_second_run_changes_nothing(cluster):
     assert result.ok, result.summary()
     assert result.changed() == {"control-1": 0, "worker-1": 0}, result.summary()
     # The default on a node whose image marker matches: the install parts do not run at all.
-    install = _install_task_names()
+    install = role_tasks("install.yml")
     ran = sorted({e.task for e in events if e.task in install and e.status != "skipped"})
     assert not ran, f"install tasks ran on nodes from a matching image: {ran}"
     print(f"second run on the image: {result.duration_s:.0f}s", file=sys.stderr)

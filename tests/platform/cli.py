@@ -9,13 +9,10 @@ import json
 import re
 import subprocess
 import sys
-import time
-from collections.abc import Callable
 from pathlib import Path
-from typing import Any
 
 from tests.support.jobs import JobWatch
-from tests.support.stacks import ROOT
+from tests.support.stacks import ROOT, wait_until
 
 from .conftest import MODELS, sh
 
@@ -52,27 +49,13 @@ def record(platform, job_id: str) -> dict:
         return {}
 
 
-def backoff_until(what: str, check: Callable[[], Any], timeout: float) -> Any:
-    """`check()`'s first true value, polled with a back-off (0.5 s, doubling up to 5 s); fails
-    naming `what` and the last value after `timeout` seconds."""
-    deadline = time.monotonic() + timeout
-    pause, last = 0.5, None
-    while True:
-        last = check()
-        if last or time.monotonic() >= deadline:
-            break
-        time.sleep(min(pause, max(0.0, deadline - time.monotonic())))
-        pause = min(pause * 2, 5.0)
-    assert last, f"not within {timeout:.0f} s: {what} (last: {last!r})"
-    return last
-
-
 def wait_state(platform, job_id: str, states: tuple[str, ...], timeout: float = 600) -> dict:
     """The job's record once its state is one of `states` (read from its record file)."""
-    return backoff_until(
+    return wait_until(
         f"job {job_id} in {states}",
         lambda: (r := record(platform, job_id)).get("state") in states and r,
         timeout,
+        up_to=5.0,
     )
 
 
@@ -123,10 +106,11 @@ def cancel_mid_training(platform, job: Path) -> str:
     assert submitted.returncode == 0, submitted.stderr
     run_dir = f"{MODELS}/{job_id}"
     container = platform.container("control-3")
-    backoff_until(
+    wait_until(
         "the job's first epoch",
         lambda: sh(container, f"test -s {run_dir}/epochs.jsonl")[0] == 0,
         300,
+        up_to=5.0,
     )
     size = int(record(platform, job_id)["workers"])
 
@@ -141,7 +125,9 @@ def cancel_mid_training(platform, job: Path) -> str:
         )
 
     try:
-        backoff_until("the job's ranks on each node its rank logs name", every_rank_seen, 60)
+        wait_until(
+            "the job's ranks on each node its rank logs name", every_rank_seen, 60, up_to=5.0
+        )
     except AssertionError as exc:
         ranks = "\n".join(map(str, watch.ranks.values()))
         raise AssertionError(

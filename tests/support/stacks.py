@@ -281,8 +281,12 @@ def processes_naming(text: str) -> list[str]:
     return found
 
 
-def wait_until(what: str, check: Any, timeout: float, every: float = 0.5) -> Any:
-    """`check()`'s first truthy value, tried every `every` s for `timeout` s. An exception of
+def wait_until(
+    what: str, check: Any, timeout: float, every: float = 0.5, up_to: float | None = None
+) -> Any:
+    """`check()`'s first truthy value, tried every `every` s for `timeout` s (with `up_to`, the
+    pause doubles after each try up to that many seconds: a back-off for a costly check). An
+    exception of
     `check` counts as a falsy try; if none succeeded in time, the AssertionError names the
     last value and the last exception (type and message) and is raised from that exception,
     so its traceback shows where the check failed."""
@@ -299,6 +303,8 @@ def wait_until(what: str, check: Any, timeout: float, every: float = 0.5) -> Any
         except Exception as exc:
             error, raised = exc, raised + 1
         time.sleep(every)
+        if up_to is not None:
+            every = min(max(every, 0.05) * 2, up_to)
     said = f"{what}: not within {timeout:.0f} s (last: {last!r}"
     if error is not None:
         said += f"; {raised} of {tries} tries raised, the last {type(error).__name__}: {error}"

@@ -46,3 +46,18 @@ def test_a_check_that_only_returned_falsy_names_its_last_value_and_no_exception(
         wait_until("a count", lambda: 0, 0.1, every=0.01)
     assert str(failed.value) == "a count: not within 0 s (last: 0)"
     assert failed.value.__cause__ is None
+
+
+def test_up_to_doubles_the_pause_after_each_try(monkeypatch):
+    import tests.support.stacks as stacks
+
+    pauses: list[float] = []
+    monkeypatch.setattr(stacks.time, "sleep", pauses.append)
+    tries: list[int] = []
+
+    def check() -> bool:
+        tries.append(1)
+        return len(tries) == 6
+
+    assert wait_until("the fifth pause", check, timeout=30, every=0.5, up_to=5.0)
+    assert pauses == [0.5, 1.0, 2.0, 4.0, 5.0]
