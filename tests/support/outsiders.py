@@ -134,11 +134,13 @@ def _spark_client_script(outputs: dict, secret: str | None, crypto: bool) -> str
 
 def spark_client(outputs: dict, secret: str | None, crypto: bool) -> tuple[int, str]:
     """A Spark application from outside the cluster that should register with the masters
-    (run to its end)."""
+    (run to its end). Its job needs an executor started on a worker (a JVM, then a Python
+    worker): a CI run at machine-speed index 1.85, beside another stack, saw that take over
+    50 s, so the bound is generous; a refused client never gets that far."""
     script = _spark_client_script(outputs, secret, crypto)
     return outsider(
         outputs,
-        f"export SPARK_CONF_DIR=/tmp; timeout 50 /opt/trainstack/venv/bin/python -c {shq(script)}",
+        f"export SPARK_CONF_DIR=/tmp; timeout 180 /opt/trainstack/venv/bin/python -c {shq(script)}",
     )
 
 
