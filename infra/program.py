@@ -94,10 +94,12 @@ def stack_data(config: stack_config.StackConfig) -> str:
 
 def job_data(config: stack_config.StackConfig, spec: JobSpec, job_sha: str) -> str:
     """The declared job's data set: the stack's `trainData` when it is set (it is the declared
-    job's own setting), else the manifest's `data`, else the digits (docs/jobs.md, Data)."""
-    from trainstack_training.job import data_location
+    job's own setting), else the manifest's `data`, else the digits (docs/jobs.md, Data);
+    "none" for a job that reads its own data (config refuses `trainData` with it)."""
+    from trainstack_training.job import chosen_data
 
-    return config.train_data or data_location(spec, f"{JOBS_DIR}/{job_sha}") or DIGITS
+    given = config.train_data
+    return chosen_data(spec, f"{JOBS_DIR}/{job_sha}", given, "trainstack:trainData") or DIGITS
 
 
 def training_trigger(config: stack_config.StackConfig, settings: dict) -> str:

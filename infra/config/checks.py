@@ -142,16 +142,20 @@ def _job(c: StackValues) -> str | None:
     function, requirements), before anything is created."""
     if not c.train:
         return None
-    from trainstack_training.job import JobError, load_spec
+    from trainstack_training.job import JobError, chosen_data, load_spec
 
     try:
         params = c.job_params_dict
     except ValueError:
         return None  # reported by _job_params
     try:
-        load_spec(c.job_path, params)
+        spec = load_spec(c.job_path, params)
     except JobError as exc:
         return f"{_key('job')}: {exc}"
+    try:  # a job that reads its own data (data = "none") takes no trainData
+        chosen_data(spec, "", c.train_data, _key("train_data"))
+    except JobError as exc:
+        return str(exc)
     return None
 
 

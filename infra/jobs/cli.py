@@ -54,10 +54,17 @@ def _params(pairs: Sequence[str]) -> dict[str, Any]:
 
 def _data(value: str) -> str:
     """--data, checked: what the cluster reads as it is (a path here means nothing there)."""
+    from trainstack_training.config import OWN_DATA
     from trainstack_training.job import DATA_SCHEMES, read_where_it_is
 
     if read_where_it_is(value):
         return value
+    if value == OWN_DATA:
+        raise CliError(
+            '--data none: a job says it reads its own data in its manifest (data = "none" in '
+            "[job], full mode), not on the command line",
+            EXIT_INPUT,
+        )
     raise CliError(
         f"--data {value!r}: give digits, an absolute path on the cluster's storage, or a URL "
         f"({', '.join(s[:-3] for s in DATA_SCHEMES)}); data inside your job directory is named "
@@ -81,6 +88,13 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="DATA",
         help="the data set: digits, or an absolute path or URL the cluster reads "
         "(default: the manifest's data, else the stack's trainData)",
+    )
+    p.add_argument(
+        "--data-stream",
+        choices=("auto", "on", "off"),
+        help="how each rank reads its data: on = streamed in row groups, off = whole in "
+        "memory, auto (default) = streamed when it would take over a quarter of the rank's "
+        "memory limit",
     )
     p.add_argument("--json", action="store_true")
     p = sub.add_parser("status", help="a job's state (default: the latest job)")
@@ -110,6 +124,8 @@ def run(args: argparse.Namespace) -> int:
             raise CliError(f"--epochs {args.epochs}: must be >= 1", EXIT_INPUT)
         if args.data is not None:
             overrides["data"] = _data(args.data)
+        if args.data_stream is not None:
+            overrides["data_stream"] = args.data_stream
         job_id = jobs.submit(args.directory, _params(args.param), overrides)
         print(json.dumps({"job_id": job_id}) if args.json else job_id)
         return 0

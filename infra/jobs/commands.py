@@ -217,16 +217,18 @@ class Jobs:
 
     # -- submit -------------------------------------------------------------------------
     def submit(self, directory: Path, params: dict[str, Any], overrides: dict[str, Any]) -> str:
-        from trainstack_training.job import JobError, data_location, load_spec
+        from trainstack_training.job import JobError, chosen_data, load_spec
 
         try:
             spec = load_spec(directory, params)
             packed: Packed = pack(directory)
+            # The data set: --data, else the manifest's, else the stack's (docs/jobs.md,
+            # Data); "none" for a job that reads its own data (then --data is refused).
+            given = str(overrides.get("data") or "")
+            data = chosen_data(spec, f"{JOBS_DIR}/{packed.sha}", given, "--data")
             env = envs.resolve(directory, spec.requirements)
         except (JobError, JobDirError, EnvError) as exc:
             raise CliError(str(exc), EXIT_INPUT) from None
-        # The data set: --data, else the manifest's, else the stack's (docs/jobs.md, Data).
-        data = overrides.get("data") or data_location(spec, f"{JOBS_DIR}/{packed.sha}")
         overrides = {**overrides, **({"data": data} if data else {})}
         node = self.any_node_with_venv()
         try:

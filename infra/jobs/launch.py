@@ -47,6 +47,7 @@ class LaunchSettings:
     runner_keep_alive: int | None = None  # seconds, 0 = off
     runner_yield: bool = True  # False: --no-runner-yield
     gpus_per_worker: int = 0  # GPUs each worker's task asks Spark for; 0 leaves the flag out
+    data_stream: str = "auto"  # on/off/auto (docs/training.md, Streaming); auto leaves it out
 
     @classmethod
     def declared(cls, settings: Mapping[str, Any], master_url: str) -> LaunchSettings:
@@ -96,6 +97,7 @@ class LaunchSettings:
             runner_keep_alive=int(settings.get("runner_keep_alive") or 0),
             runner_yield=bool(settings.get("runner_yield", True)),
             gpus_per_worker=int(settings.get("gpus_per_worker") or 0),
+            data_stream=str(settings.get("data_stream") or "auto"),
         )
 
 
@@ -124,6 +126,8 @@ def train_command(
         command += ["--train-strategy", s.strategy, "--cores-per-worker", str(s.cores_per_worker)]
     if s.gpus_per_worker > 0:  # else CPU only, trainstack-train's default
         command += ["--gpus-per-worker", str(s.gpus_per_worker)]
+    if s.data_stream != "auto":  # else trainstack-train's default
+        command += ["--data-stream", s.data_stream]
     if app_name:
         command += ["--app-name", app_name]
     if s.runner_keep_alive is not None:

@@ -17,6 +17,8 @@ from typing import Any
 
 import pytest
 
+from tests.support.overlays import torch_overlay
+
 JAVA_HOMES = ("/usr/lib/jvm/java-17-openjdk-amd64", "/usr/lib/jvm/java-1.17.0-openjdk-amd64")
 
 
@@ -128,32 +130,7 @@ def run_cli(args: list[str], timeout: int = 600) -> tuple[int, dict[str, Any], s
     return proc.returncode, summary, proc.stderr
 
 
-# torch for the torch jobs: the digits-torch example's requirements, resolved and installed
-# as a job's packages are (infra.jobs.envs: the lock and its 2.8 GB of wheels cached in
-# ~/.cache/trainstack/envs), into an overlay on this machine, once per lock (about 70 s).
-TORCH_OVERLAYS = Path(os.environ.get("XDG_CACHE_HOME", "~/.cache")).expanduser() / (
-    "trainstack/test-overlays"
-)
-
-
 @pytest.fixture(scope="session")
 def torch_site() -> str:
     """The site directory of an overlay with torch in it (what --job-env names)."""
-    from infra.jobs.envs import resolve
-
-    env = resolve(EXAMPLES / "digits-torch", "requirements.txt")
-    assert env is not None
-    done = TORCH_OVERLAYS / env.sha
-    if not (done / ".complete").exists():
-        partial = TORCH_OVERLAYS / f".{env.sha}.partial.{os.getpid()}"
-        shutil.rmtree(partial, ignore_errors=True)
-        wheels = sorted(str(w) for w in env.wheels.glob("*.whl"))
-        subprocess.run(
-            [sys.executable, "-m", "pip", "install", "--quiet", "--no-index", "--no-deps",
-             "--disable-pip-version-check", "--target", str(partial / "site"), *wheels],
-            check=True, timeout=900,
-        )  # fmt: skip
-        (partial / ".complete").touch()
-        shutil.rmtree(done, ignore_errors=True)
-        partial.rename(done)
-    return str(done / "site")
+    return torch_overlay()

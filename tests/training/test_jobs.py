@@ -330,3 +330,70 @@ def test_the_regression_example_trains_in_simple_mode(tmp_path):
     )
     assert all(v > 0 for v in metrics["final"].values()), metrics["final"]
     assert Path(s["model_path"]).exists() and (tmp_path / "curves.png").stat().st_size > 0
+
+
+OWN_DATA_JOB = """\
+import numpy as np
+
+WEIGHTS = np.array([1.0, -2.0, 0.5, 3.0], dtype="float32")
+
+
+def _rows(seed, n):
+    x = np.random.default_rng(seed).normal(size=(n, 4)).astype("float32")
+    return x, (x @ WEIGHTS + 0.1).astype("float32")
+
+
+def train(ctx):
+    tf = ctx.tf
+    try:
+        ctx.x
+    except AttributeError as exc:
+        print(f"rank {ctx.rank}: {exc}")
+    assert ctx.n_features is None and ctx.steps_per_epoch == 0 and ctx.task == "", ctx.task
+    x, y = _rows(ctx.seed + ctx.rank, 256)  # this rank's own rows, made here
+    x_val, y_val = _rows(1000, 128)
+    options = tf.data.Options()
+    options.experimental_distribute.auto_shard_policy = tf.data.experimental.AutoShardPolicy.OFF
+    train = (
+        tf.data.Dataset.from_tensor_slices((x, y))
+        .batch(ctx.global_batch_size, drop_remainder=True).repeat().with_options(options)
+    )
+    val = tf.data.Dataset.from_tensor_slices((x_val, y_val)).batch(128).repeat()
+    with ctx.strategy.scope():
+        model = tf.keras.Sequential([tf.keras.layers.Input((4,)), tf.keras.layers.Dense(1)])
+        model.compile(tf.keras.optimizers.Adam(0.05), loss="mse", metrics=["mae"])
+    for epoch in range(ctx.epochs):  # Python's count: 0 .. epochs - 1
+        history = model.fit(train, epochs=1, steps_per_epoch=len(x) // ctx.batch_size, verbose=0)
+        val_loss, val_mae = model.evaluate(val.with_options(options), steps=1, verbose=0)
+        ctx.report(epoch=epoch, loss=history.history["loss"][-1], val_loss=val_loss,
+                   val_mae=val_mae)
+    ctx.save_model(model)
+    return {"val_loss": val_loss, "val_mae": val_mae}
+"""
+
+
+def test_a_full_mode_job_that_reads_its_own_data_runs_no_data_stage(tmp_path):
+    # data = "none": no data stage (no Spark SQL, nothing read), no shard in ctx, no task in
+    # the result (the manifest names none), and a `range(epochs)` loop's reports shown 1..N.
+    job = _job(
+        tmp_path / "job",
+        {"trainstack.toml": '[job]\nentry = "m"\ndata = "none"\n', "m.py": OWN_DATA_JOB},
+    )
+    out = tmp_path / "out"
+    rc, s, err = run_job(["--job-dir", str(job), "--epochs", "3", "--output", str(out)])
+    assert rc == 0 and s["ok"], (s, err[-3000:])
+    assert '[trainstack] no data stage: the job reads its own data (data = "none"' in err
+    assert "task" not in s and set(s["final"]) == {"val_loss", "val_mae"}, s
+    metrics = json.loads(Path(s["metrics_path"]).read_text())
+    assert "task" not in metrics and metrics["data_path"] == "none", metrics
+    assert metrics["config"]["data"] == "none" and metrics["data_rows"] == 0
+    phases = metrics["job_phases"]
+    assert "spark_sql_session" not in phases and not [p for p in phases if "data" in p], phases
+    assert not (out / "data").exists()  # the data stage's shards: none written
+    rows = [json.loads(line) for line in (out / "epochs.jsonl").read_text().splitlines()]
+    assert [(r["epoch"], r["reported_epoch"]) for r in rows] == [(1, 0), (2, 1), (3, 2)], rows
+    assert metrics["epochs"] == 3 and len(metrics["history"]["val_mae"]) == 3
+    assert metrics["final"]["val_mae"] < 1.5, metrics["final"]  # it learned something
+    assert Path(s["model_path"]).exists()
+    log = (out / "rank-0.log").read_text()
+    assert 'rank 0: ctx.x is not available: the job\'s manifest says data = "none"' in log, log

@@ -117,13 +117,18 @@ def test_the_torch_digits_example_trains_with_ddp_on_two_ranks(tmp_path, torch_s
 
 
 def test_a_lost_torch_rank_resumes_from_the_last_checkpoint(tmp_path, torch_site):
+    # The ranks stream their data (docs/training.md, Streaming): each epoch's batches are read
+    # a row group at a time, again from the row groups after the resume.
     rc, s, err = run_cli(
         ["--job-dir", TORCH_DIGITS, "--job-env", torch_site, "--workers", "2",
-         "--epochs", "4", "--output", str(tmp_path),
+         "--epochs", "4", "--output", str(tmp_path), "--data-stream", "on",
          "--fault-kill-epoch", "3", "--fault-kill-worker", "1", "--no-plot"]
     )  # fmt: skip
     assert rc == 0 and s["ok"], (s, err[-3000:])
     assert s["attempts"] == 2, s
+    metrics = json.loads((tmp_path / "metrics.json").read_text())
+    assert [w["input"] for w in metrics["worker_input"]] == ["stream", "stream"], metrics
+    assert metrics["time_split"]["input_wait"] >= 0, metrics["time_split"]
     assert "resuming from" in (tmp_path / "rank-0.log").read_text()
     rows = _rows(tmp_path)
     # Epochs 1 and 2 were trained once: the second attempt started from their checkpoint.

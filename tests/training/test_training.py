@@ -12,6 +12,7 @@ from typing import Any
 import pytest
 from trainstack_training import spark
 from trainstack_training.config import TrainConfig
+from trainstack_training.memwatch import killed_for_memory, read_records
 from trainstack_training.report import SPLIT_PARTS, time_split
 from trainstack_training.spark import wait_for_slots
 from trainstack_training.sparkmaster import WAITING_FILE, Application, MasterView
@@ -54,6 +55,10 @@ def test_two_workers_reach_090_and_write_results(two_workers: dict[str, Any]) ->
         assert len(metrics[key]) == EPOCHS
     assert metrics["samples_per_second"] > 0 and metrics["data_seconds"] > 0
     assert len(metrics["peak_rss_mb_per_worker"]) == 2
+    # Each rank's memory watcher recorded its end (memwatch.py), and left no process.
+    records = read_records(Path(s["metrics_path"]).parent)
+    assert sorted((r["rank"], r["ended"]) for r in records) == [(0, "exited"), (1, "exited")]
+    assert all(r["peak_mb"] > 100 and r["limit_mb"] > 100 for r in records), records
     # where the time went: job phases and, per worker, start-up, steps, validation
     assert {"spark_context", "data_arrow_read", "spark_executors"} <= set(metrics["job_phases"])
     assert "spark_sql_session" not in metrics["job_phases"]  # the digits never start Spark SQL
@@ -102,28 +107,32 @@ def test_one_worker_baseline_is_comparable(
 
 
 @pytest.mark.parametrize(
-    ("victim", "epoch", "expected", "job"),
+    ("victim", "epoch", "expected", "job", "stream"),
     [
-        (1, 2, [1, 2, 2, 2], "digits"),
-        (0, 3, [1, 1, 2, 2], "digits"),
-        (1, 2, [1, 2, 2, 2], "digits-cnn"),
+        (1, 2, [1, 2, 2, 2], "digits", "off"),
+        (0, 3, [1, 1, 2, 2], "digits", "on"),
+        (1, 2, [1, 2, 2, 2], "digits-cnn", "auto"),
     ],
-    ids=["worker-killed", "chief-killed", "full-mode-worker-killed"],
+    ids=["worker-killed", "chief-killed-streamed", "full-mode-worker-killed"],
 )
 @pytest.mark.usefixtures("warm_runner")
 def test_killed_worker_resumes_from_backup(
-    tmp_path: Path, victim: int, epoch: int, expected: list[int], job: str
+    tmp_path: Path, victim: int, epoch: int, expected: list[int], job: str, stream: str
 ) -> None:
     # A worker SIGKILLs its own Python process halfway through an epoch (a real crash, no
     # cleanup); Spark retries the barrier stage and both workers resume from the last backup.
     # A full-mode job resumes too when it passes ctx.callbacks() to its fit. In one warm
     # runner, as on the stack: the rank killed is a worker forked from its executor's daemon.
+    # The chief's case streams its data (docs/training.md, Streaming): the resumed attempt
+    # reads its shard again from the row groups.
     rc, s, err = run_cli(
         ["--job-dir", str(EXAMPLES / job), "--master", "local[2]", "--workers", "2",
-         "--epochs", "4", "--output", str(tmp_path), *IN_WARM_RUNNER,
+         "--epochs", "4", "--output", str(tmp_path), *IN_WARM_RUNNER, "--data-stream", stream,
          "--fault-kill-epoch", str(epoch), "--fault-kill-worker", str(victim)]
     )  # fmt: skip
     assert rc == 0, err[-3000:]
+    inputs = {w["input"] for w in json.loads(Path(s["metrics_path"]).read_text())["worker_input"]}
+    assert inputs == {"stream" if stream == "on" else "memory"}, inputs
     assert (tmp_path / ".fault-injected").exists(), "the fault was never injected"
     assert s["attempts"] == 2 and s["epochs"] == 4, s
     assert in_warm_runner(err), err[-3000:]
@@ -174,12 +183,20 @@ def test_retries_exhausted_is_a_clear_failure(tmp_path: Path) -> None:
     assert rc == 1 and s["ok"] is False and s["kind"] == "TrainingError", s
     assert "after 1 barrier-stage attempt(s) (max_attempts=1)" in s["error"]
     assert any(p.is_file() for p in (tmp_path / "backup").rglob("*"))
+    # The killed rank's watcher recorded its end: killed, but not for memory.
+    records = {r["rank"]: r for r in read_records(tmp_path)}
+    assert records[1]["ended"] == "killed" and records[1]["peak_mb"] > 100, records
+    assert not any(map(killed_for_memory, records.values())), records
     # Rerunning the same command (a restarted job) resumes from that checkpoint.
     rc, s, err = run_cli(
         ["--master", "local[2]", "--workers", "2", "--epochs", "3", "--output", str(tmp_path),
          "--no-plot"]
     )  # fmt: skip
     assert rc == 0 and s["epochs"] == 3, err[-3000:]
+    assert sorted((r["rank"], r["attempt"], r["ended"]) for r in read_records(tmp_path)) == [
+        (0, 1, "exited"),
+        (1, 1, "exited"),
+    ]  # the failed launch's records went with its attempts
     started = [e["epoch"] for e in _epoch_rows(tmp_path)]
     assert started == [1, 2, 3]  # epoch 1 from the failed job, 2-3 from the rerun
 
@@ -300,6 +317,7 @@ def test_time_split_follows_the_last_worker_and_adds_up() -> None:
         "data": 2.0,
         "tensorflow_startup": 4.0,
         "training": 4.0,
+        "input_wait": 0.0,  # no reads waited for (in memory)
         "finish": 3.0,  # 1 s of model save + 2 s after the stage
         "other": 5.0,  # the rest of the stage
     }

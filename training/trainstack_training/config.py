@@ -11,6 +11,8 @@ from pathlib import Path
 from typing import Any
 
 DIGITS = "digits"  # the offline default data set (scikit-learn's handwritten digits)
+# A full-mode job that reads its own data (its manifest's `data = "none"`): no data stage
+OWN_DATA = "none"
 STRATEGIES = ("multi-worker", "single")  # see TrainConfig.train_strategy
 COLLECTIVES = ("auto", "ring")  # tf.distribute.experimental.CommunicationImplementation
 CLASSIFICATION, REGRESSION = "classification", "regression"
@@ -98,7 +100,8 @@ class TrainConfig:
         default=DIGITS,
         metadata={
             "help": "'digits' (built in), or a Parquet/CSV "
-            "path or URL the cluster can read (file://, hdfs://, s3a://, http(s)://)"
+            "path or URL the cluster can read (file://, hdfs://, s3a://, http(s)://); 'none' "
+            'for a job whose manifest says data = "none" (it reads its own data)'
         },
     )
     data_format: str = field(default="auto", metadata={"help": "auto, parquet or csv"})
@@ -212,6 +215,15 @@ class TrainConfig:
             "(0 = always distributed)"
         },
     )
+    data_stream: str = field(
+        default="auto",
+        metadata={
+            "help": "how each rank reads its shard and the validation set: on = streamed a "
+            "row group at a time (memory bounded by the read-ahead), off = whole in memory, "
+            "auto = streamed when the arrays would take more than a quarter of the rank's "
+            "memory limit (docs/training.md, Streaming)"
+        },
+    )
     plot: bool = field(default=True, metadata={"help": "write the training-curve PNG"})
     # Test-only fault hook: the worker with this index SIGKILLs its own Python process halfway
     # through this epoch (once: a marker file in the run directory records it). -1 = off.
@@ -304,6 +316,10 @@ class TrainConfig:
                 f"master_ui_port={self.master_ui_port}: must be a port in 1-65535",
             ),
             (self.local_prep_mb >= 0, f"local_prep_mb={self.local_prep_mb}: must be >= 0"),
+            (
+                self.data_stream in ("auto", "on", "off"),
+                f"data_stream={self.data_stream!r}: allowed are auto, on, off",
+            ),
             (bool(self.master), "master is empty: give a Spark master URL"),
             (bool(self.output), "output is empty: give a directory on shared storage"),
         ]

@@ -7,8 +7,12 @@ from typing import Any
 
 # The chief's epoch rows, in the run directory (one JSON object per line).
 EPOCH_LOG = "epochs.jsonl"
+# A row's `epoch` counts from 1. A job whose ctx.report numbers count from 0 (its run's first
+# report said epoch=0) has each row's number moved up by one; the row keeps the job's own
+# number in this field (frameworks.base.EpochReporter).
+REPORTED_EPOCH = "reported_epoch"
 # The fields of an epoch row that are not the model's metrics.
-ROW_FIELDS = frozenset({"epoch", "attempt", "train_seconds", "samples", "ended_at"})
+ROW_FIELDS = frozenset({"epoch", REPORTED_EPOCH, "attempt", "train_seconds", "samples", "ended_at"})
 # Keys of Keras' epoch logs that are settings, not the model's metrics.
 NOT_METRICS = frozenset({"lr", "learning_rate"})
 

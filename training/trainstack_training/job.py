@@ -5,7 +5,8 @@ A job is a directory with a manifest, ``trainstack.toml``, and the user's Python
     [job]
     entry = "model"          # a module of this directory: model.py or model/__init__.py
     # requirements = "requirements.txt"   # extra packages (docs/jobs.md, "Packages")
-    # data = "data/train.parquet"           # the data set (docs/jobs.md, "Data")
+    # data = "data/train.parquet"           # the data set (docs/jobs.md, "Data"); "none":
+                             # a full-mode job that reads its own data (no data stage)
     # task = "regression"    # or "classification"; default: inferred from the label column
     # label = "target"       # the label column (default "label")
     # metric = "val_mae"     # the metric the summary and the curves show first
@@ -45,7 +46,14 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any
 
-from trainstack_training.config import AUTO_TASK, CLASSIFICATION, DIGITS, TASKS, TrainConfig
+from trainstack_training.config import (
+    AUTO_TASK,
+    CLASSIFICATION,
+    DIGITS,
+    OWN_DATA,
+    TASKS,
+    TrainConfig,
+)
 
 MANIFEST = "trainstack.toml"
 ERROR_FILE = ".job-error.json"  # in the run directory: the user's error, for retries and driver
@@ -78,6 +86,12 @@ class UserCodeError(RuntimeError):
     """The user's code raised; the message is their error and their frames only."""
 
 
+class NoDataError(AttributeError):
+    """A job that reads its own data (`data = "none"`) touched ctx.x, ctx.y, ctx.x_val or
+    ctx.y_val: no data stage ran, so there is no shard. An AttributeError, so `hasattr(ctx,
+    "x")` is False for such a job."""
+
+
 @dataclass(frozen=True)
 class JobSpec:
     """A checked job directory."""
@@ -91,7 +105,8 @@ class JobSpec:
     requirements: str = ""
     progress_timeout: float = DEFAULT_PROGRESS_TIMEOUT  # seconds; 0 = off
     # The manifest's data set: "" (none named), "digits", an absolute path or URL the cluster
-    # reads, or a path inside the job directory (shipped with the code; see data_location).
+    # reads, a path inside the job directory (shipped with the code; see data_location), or
+    # "none": a full-mode job that reads its own data (no data stage runs).
     data: str = ""
     # What the job trains: "classification", "regression", or "" (inferred from the labels).
     task: str = ""
@@ -100,6 +115,12 @@ class JobSpec:
     experiment: str = ""  # the MLflow experiment of its runs; "" = the stack's name (tracking)
     framework: str = TENSORFLOW  # which backend trains it (trainstack_training.frameworks)
     strategy: str = ""  # a torch job's: "ddp" (when "") or "fsdp"
+
+    @property
+    def reads_own_data(self) -> bool:
+        """The manifest says `data = "none"`: the job reads its own data, no data stage runs
+        and ctx has no shard."""
+        return self.data == OWN_DATA
 
 
 def _fail(directory: Path, what: str) -> JobError:
@@ -228,6 +249,14 @@ def load_spec(directory: str | Path, params: dict[str, Any] | None = None) -> Jo
     if requirements and not (directory / str(requirements)).is_file():
         raise _fail(directory, f"{MANIFEST}: requirements = {requirements!r} does not exist")
     data = _check_data(directory, job.get("data", ""))
+    if data == OWN_DATA and FULL_FUNCTION not in functions:
+        raise _fail(
+            directory,
+            f'{MANIFEST}: [job] data = "none" (the job reads its own data) is for full mode, '
+            f"but {rel} defines build_model(ctx): simple mode trains on the data stage's shard; "
+            'define train(ctx) instead, or name a data set (data = "digits", a path in the job '
+            "directory, or an absolute path or URL)",
+        )
     task, label, metric, experiment = _check_task(directory, job)
     framework, strategy = _check_framework(directory, job, str(requirements or ""))
     merged = {
@@ -333,8 +362,11 @@ def _check_data(directory: Path, data: Any) -> str:
         raise _fail(
             directory,
             f'{MANIFEST}: [job] data = {data!r}: give "digits", a path inside the job '
-            "directory, or an absolute path or URL the cluster reads",
+            'directory, an absolute path or URL the cluster reads, or "none" (a full-mode '
+            "job that reads its own data)",
         )
+    if data == OWN_DATA:
+        return data
     if read_where_it_is(data):
         return data
     if "://" in data:
@@ -356,10 +388,26 @@ def _check_data(directory: Path, data: Any) -> str:
 
 
 def apply_manifest(cfg: TrainConfig, spec: JobSpec) -> None:
-    """The manifest's framework, label and task over the run's settings: its `framework` is
-    the run's (the warm runner's executors preload it), its `label` names the label column,
-    its `task` is the task (a run's own --task or --framework that contradicts it is
-    refused)."""
+    """The manifest's framework, label, task and `data = "none"` over the run's settings: its
+    `framework` is the run's (the warm runner's executors preload it), its `label` names the
+    label column, its `task` is the task (a run's own --task or --framework that contradicts
+    it is refused); a job that reads its own data runs with data "none" (a run's own data
+    set other than the default digits is refused, and "none" is refused for a job whose
+    manifest does not say it)."""
+    if spec.reads_own_data:
+        if cfg.data not in (DIGITS, OWN_DATA):  # the digits: trainstack-train's default
+            raise JobError(
+                f"the run's data={cfg.data!r} contradicts the job's manifest "
+                f'({spec.directory}/{MANIFEST} says data = "none": the job reads its own data '
+                "and no data stage runs); leave --data out"
+            )
+        cfg.data = OWN_DATA
+    elif cfg.data == OWN_DATA:
+        raise JobError(
+            f'the run\'s data="none" is for a job that reads its own data, but '
+            f'{spec.directory}/{MANIFEST} does not say so; add data = "none" to its [job] '
+            "table (full mode only), or give a data set"
+        )
     if cfg.framework != spec.framework and cfg.framework != TENSORFLOW:
         raise JobError(
             f"the run's framework={cfg.framework!r} contradicts the job's manifest "
@@ -385,11 +433,28 @@ def read_where_it_is(data: str) -> bool:
 
 
 def data_location(spec: JobSpec, cluster_job_dir: str) -> str:
-    """Where the cluster reads the manifest's data set ("" when it names none): a path inside
-    the job directory becomes that path under the code's copy on the shared storage."""
-    if not spec.data or read_where_it_is(spec.data):
+    """Where the cluster reads the manifest's data set ("" when it names none; "none" for a
+    job that reads its own data): a path inside the job directory becomes that path under the
+    code's copy on the shared storage."""
+    if not spec.data or spec.reads_own_data or read_where_it_is(spec.data):
         return spec.data
     return f"{cluster_job_dir.rstrip('/')}/{Path(spec.data).as_posix()}"
+
+
+def chosen_data(spec: JobSpec, cluster_job_dir: str, given: str = "", given_by: str = "") -> str:
+    """The run's data set: `given` (a setting closer to the run than the manifest, named
+    `given_by`: `--data`, `trainstack:trainData`) when set, else the manifest's (its
+    `data_location`; "" when it names none). A job that reads its own data (`data = "none"`)
+    takes no data set: one given with it is refused."""
+    if spec.reads_own_data:
+        if given:
+            raise JobError(
+                f"{given_by} {given!r}: the job's manifest ({spec.directory}/{MANIFEST}) says "
+                'data = "none": it reads its own data and no data stage runs; leave '
+                f"{given_by} out, or name the data set in the manifest's data instead"
+            )
+        return OWN_DATA
+    return given or data_location(spec, cluster_job_dir)
 
 
 def listed_requirements(spec: JobSpec) -> list[str]:
@@ -514,12 +579,11 @@ class JobContext:
     is_chief: bool
     strategy: Any
     tf: Any
-    x: Any  # this worker's shard: features, shape (rows, n_features)
-    y: Any  # and labels: int32 classes, or float32 targets for a regression
-    x_val: Any  # the validation set (every worker has all of it)
-    y_val: Any
-    n_features: int
-    n_classes: int  # a classification's classes; 0 for a regression
+    # This rank's shard and the validation set (trainstack_training.data.rank.RankData), in
+    # memory or streamed: ctx.x .. ctx.y_val, ctx.batches(epoch), ctx.val_batches().
+    data: Any
+    n_features: int | None  # None for a job that reads its own data (no data stage)
+    n_classes: int | None  # a classification's classes; 0 for a regression; None: as above
     batch_size: int  # per worker; the global batch is batch_size x world_size
     epochs: int
     learning_rate: float
@@ -530,7 +594,9 @@ class JobContext:
     checkpoint_dir: str
     model_path: str
     attempt: int = 0
-    task: str = CLASSIFICATION  # "classification" or "regression": the data stage's task
+    # "classification" or "regression": the manifest's, else the data stage's; "" for a job
+    # that reads its own data and whose manifest names none
+    task: str = CLASSIFICATION
     framework: str = TENSORFLOW
     torch: Any = None  # torch jobs: the torch module (the process group is initialised)
     device: Any = None  # torch jobs: this rank's torch.device (cpu, or its GPU)
@@ -539,9 +605,73 @@ class JobContext:
     _save: Callable[[Any], None] | None = None  # the framework's save, when not Keras'
     saved: bool = False
 
+    def __post_init__(self) -> None:
+        if self.own_data:  # no data stage ran: nothing is known of the data
+            self.n_features = self.n_classes = None
+
+    @property
+    def own_data(self) -> bool:
+        """The job reads its own data (its manifest's `data = "none"`): no data stage ran, and
+        ctx has no shard (its `data` is frameworks.base.NoRankData)."""
+        return bool(getattr(self.data, "own_data", False))
+
+    def _no_shard(self, name: str) -> None:
+        if self.own_data:
+            raise NoDataError(
+                f'ctx.{name} is not available: the job\'s manifest says data = "none" (it reads '
+                "its own data, so no data stage ran and there is no shard); load the data in "
+                "train(ctx)"
+            )
+
     @property
     def global_batch_size(self) -> int:
         return self.batch_size * self.world_size
+
+    def _arrays(self, part: str, name: str) -> tuple[Any, Any]:
+        self._no_shard(name)
+        from trainstack_training.data.rank import ShardTooLargeError
+
+        try:
+            return self.data.arrays(part)
+        except ShardTooLargeError as exc:
+            raise UserCodeError(f"your code failed: it used ctx.{name}, but {exc}") from None
+
+    @property
+    def x(self) -> Any:
+        """This worker's shard: features, float32 of shape (rows, n_features)."""
+        return self._arrays("train", "x")[0]
+
+    @property
+    def y(self) -> Any:
+        """Its labels: int32 classes, or float32 targets for a regression."""
+        return self._arrays("train", "y")[1]
+
+    @property
+    def x_val(self) -> Any:
+        """The validation set's features (every worker has all of it)."""
+        return self._arrays("val", "x_val")[0]
+
+    @property
+    def y_val(self) -> Any:
+        return self._arrays("val", "y_val")[1]
+
+    @property
+    def streams(self) -> bool:
+        """Whether this rank streams its data (then ctx.x .. ctx.y_val refuse)."""
+        return bool(self.data.streams)
+
+    def batches(self, epoch: int = 0) -> Any:
+        """Epoch `epoch`'s (x, y) batches of this worker, as NumPy arrays: steps_per_epoch of
+        them, batch_size rows each, shuffled by the seed, the rank and the epoch; from memory
+        or streamed, whichever this rank uses."""
+        self._no_shard("batches()")
+        return self.data.batches(epoch)
+
+    def val_batches(self, batch: int = 0) -> Any:
+        """Every validation row once, as (x, y) NumPy batches of `batch` rows (default: the
+        larger of batch_size and 1024)."""
+        self._no_shard("val_batches()")
+        return self.data.val_batches(batch)
 
     def callbacks(self) -> list[Any]:
         """trainstack's Keras callbacks for a full-mode ``fit``: backup and resume from
@@ -550,7 +680,9 @@ class JobContext:
 
     def report(self, **metrics: float) -> None:
         """Record one finished epoch (a loop without Keras callbacks): reaches epochs.jsonl,
-        the Pushgateway and the curves. Only the chief's reports are kept."""
+        the Pushgateway and the curves. Only the chief's reports are kept. `epoch` numbers
+        it: a run whose first report says epoch=0 counts from 0 (`range(epochs)`) and is
+        kept and shown as epoch + 1; other numbers are taken as they are (docs/jobs.md)."""
         if self._report:
             self._report({k: float(v) for k, v in metrics.items()})
 

@@ -28,11 +28,17 @@ from trainstack_training.attempts import (
     record_attempt,
     record_launch,
 )
-from trainstack_training.config import TrainConfig
+from trainstack_training.config import OWN_DATA, TrainConfig
 from trainstack_training.data import DataInfo, prepare
 from trainstack_training.epochs import EPOCH_LOG
 from trainstack_training.frameworks import model_file
 from trainstack_training.job import ERROR_FILE, TORCH, JobSpec, apply_manifest, recorded_error
+from trainstack_training.memwatch import (
+    MEMORY_GLOB,
+    MemoryWatch,
+    memory_failure,
+    wait_for_records,
+)
 from trainstack_training.ranklog import RankLog
 from trainstack_training.report import METRICS_FILE
 from trainstack_training.spark import (
@@ -59,6 +65,10 @@ class TrainingError(RuntimeError):
 
 class JobCodeError(TrainingError):
     """The job's own code raised; the message is the user's error and their frames."""
+
+
+class RankMemoryError(TrainingError):
+    """The kernel's OOM killer ended a rank; the message names it, its peak and the limit."""
 
 
 def _free_port() -> int:
@@ -89,7 +99,11 @@ def barrier_task(cfg_json: str, info_json: str) -> Any:
         # allGather returns the messages ordered by partition id = TF task index.
         peers = ctx.allGather(f"{host}:{_free_port()}")
         attempt = count_attempts(Path(cfg.output).resolve())
-        with RankLog(Path(cfg.output).resolve(), index, attempt, host):
+        # The watcher first: it inherits the executor's stderr, not the rank log's pipe.
+        with (
+            MemoryWatch(Path(cfg.output).resolve(), index, attempt, host),
+            RankLog(Path(cfg.output).resolve(), index, attempt, host),
+        ):
             result = run_worker(
                 cfg,
                 info,
@@ -122,7 +136,16 @@ def run_barrier(
         refused = slot_error(exc, cfg)
         if refused:  # the training stage checks slots too (see run(): small inputs)
             raise refused from exc
-        user_error = recorded_error(Path(cfg.output))
+        out = Path(cfg.output)
+        # A rank killed for memory in the last attempt is the news, whatever its peers raised
+        # when it vanished; in an earlier one, unless the job's code raised since.
+        user_error = recorded_error(out)
+        wait_for_records(out, count_attempts(out), cfg.workers)
+        oom = memory_failure(out, in_attempt=count_attempts(out))
+        oom = oom or (None if user_error else memory_failure(out))
+        if oom:
+            print(f"trainstack: the barrier stage failed; Spark: {exc}", file=sys.stderr)
+            raise RankMemoryError(oom) from None
         if user_error:  # the job's code raised: its error, not Spark's retries, is the news
             raise JobCodeError(user_error) from None
         text = str(exc)
@@ -157,6 +180,8 @@ def _prepare_run(cfg: TrainConfig) -> tuple[JobSpec, Path]:
         stale += [EPOCH_LOG, METRICS_FILE]
     for name in stale:
         (out / name).unlink(missing_ok=True)
+    for path in out.glob(MEMORY_GLOB):  # attempts count from 1 again
+        path.unlink(missing_ok=True)
     record_launch(out, fresh=fresh)
     spec = job_spec(cfg)
     apply_manifest(cfg, spec)  # its label and task, for the data stage
@@ -275,7 +300,10 @@ def run(cfg: TrainConfig) -> dict[str, Any]:
         # Before a distributed data stage, a separate barrier job fails fast when slots are
         # missing, before any data is read. A small input skips it: the training stage's own
         # slot check fails just as fast.
-        info = prepare(session, cfg, out / "data", before_distributed=slot_check)
+        if spec.reads_own_data:  # data = "none": nothing to read, no Spark SQL
+            info = no_data_stage(cfg, spec)
+        else:
+            info = prepare(session, cfg, out / "data", before_distributed=slot_check)
         mark = time.perf_counter()
         queued = wait_for_slots(sc, cfg, attached.since if attached else 0.0, cancel)
         phases["queued_for_cores"] = phases.get("queued_for_cores", 0.0) + queued
@@ -305,6 +333,23 @@ def run(cfg: TrainConfig) -> dict[str, Any]:
         cfg, spec, info, results, out, phases,
         Clock(start, started_at, before_barrier, train_seconds),
         (attached.mode if attached else "own", app_id),
+    )  # fmt: skip
+
+
+def no_data_stage(cfg: TrainConfig, spec: JobSpec) -> DataInfo:
+    """What a job that reads its own data (its manifest's `data = "none"`) gets instead of the
+    data stage, which does not run: no rows (an empty shard per rank, so steps_per_epoch is
+    0), no features or classes, and the manifest's task ("" when it names none: the result
+    then has no task)."""
+    print(
+        '[trainstack] no data stage: the job reads its own data (data = "none" in its manifest)',
+        file=sys.stderr,
+        flush=True,
+    )
+    return DataInfo(
+        train_dir="", val_dir="", n_features=0, n_classes=0, feature_cols=[],
+        shard_rows=[0] * cfg.workers, val_rows=0, total_rows=0, seconds=0.0, path=OWN_DATA,
+        task=spec.task,
     )  # fmt: skip
 
 

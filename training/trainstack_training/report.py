@@ -89,7 +89,9 @@ def build_metrics(
     shown = headline(final, metric) or headline(names, metric)
 
     return {
-        "task": info.task,
+        # The manifest's task, else the data stage's; none for a job that reads its own data
+        # and names none (its result has no task).
+        **({"task": info.task} if info.task else {}),
         "workers": cfg.workers,
         "epochs": len(epochs),
         "attempts": attempts,
@@ -101,7 +103,9 @@ def build_metrics(
         "final": final,
         "history": history,
         "epoch_attempt": [int(e["attempt"]) for e in epochs],
-        "samples_per_second": samples / train_secs if train_secs > 0 else None,
+        # None when nothing counted the samples (a job that reads its own data and reports
+        # none: ctx.report(samples=...))
+        "samples_per_second": samples / train_secs if train_secs > 0 and samples else None,
         "global_batch": cfg.batch_size * cfg.workers,
         "data_seconds": info.seconds,
         "data_rows": info.total_rows,
@@ -112,6 +116,11 @@ def build_metrics(
         "train_seconds": train_wall,  # barrier stage wall time: TF start-up and retries included
         "total_seconds": total_wall,
         "peak_rss_mb_per_worker": [float(r["peak_rss_mb"]) for r in results],
+        # per worker: its input (memory or stream), why, and the memory it had
+        "worker_input": [r.get("data_input", {}) for r in results],
+        "input": "stream"
+        if any(r.get("data_input", {}).get("input") == "stream" for r in results)
+        else "memory",
         # per worker, seconds: task launch, TF import, strategy set-up, first step, steps, ...
         "worker_timings": timings,
         # Wall clock (epoch seconds) of the first training step of the job: when the first
@@ -135,6 +144,7 @@ SPLIT_PARTS = (
     "data",  # the data stage's own work
     "tensorflow_startup",  # TensorFlow import, the strategy's collective set-up, shards, model
     "training",  # model.fit: the epochs, validation and per-epoch checkpoints
+    "input_wait",  # of fit: waiting for the streamed data's reads (0 when it is in memory)
     "finish",  # the model's save, Spark's stop, the report
     "other",  # the rest of the barrier stage: earlier attempts, waiting for results
 )
@@ -175,7 +185,8 @@ def time_split(
                 "tensorflow_startup",
                 sum(last.get(k, 0.0) for k in STARTUP_TIMINGS),
             ),
-            ("training", last.get("fit", 0.0)),
+            ("input_wait", last.get("input_wait", 0.0)),
+            ("training", last.get("fit", 0.0) - last.get("input_wait", 0.0)),
             ("finish", last.get("save_model", 0.0)),
         ):
             taken = min(max(value, 0.0), left)
@@ -259,7 +270,8 @@ def summary(metrics: dict[str, Any]) -> dict[str, Any]:
         "metrics_path",
         "plot_path",
     )
-    picked = {k: metrics.get(k) for k in keys}
+    # A result without a task (a job that reads its own data and names none) shows none.
+    picked = {k: metrics.get(k) for k in keys if k != "task" or metrics.get("task")}
     if "final_val_accuracy" in metrics:
         # A classifier's "accuracy" is its final validation accuracy (as before any model
         # could report other metrics).

@@ -178,6 +178,8 @@ class RunFiles:
             "env_sha": self.record.get("env_sha", ""),
             "framework": self.framework(),
             "mode": self.record.get("mode") or self.metrics.get("mode", ""),
+            # The result's task; none for a job that reads its own data and names none.
+            "task": self.metrics.get("task", ""),
             "stack": self.record.get("stack") or stack,
             "job_dir": self.run_dir.name,
             "launch": self.launch,

@@ -29,6 +29,7 @@ from trainstack_training.data.sources import (
     read_source,
     resolve_source,
 )
+from trainstack_training.data.stream import ROW_GROUP_BYTES, row_group_rows, unit_arrays
 from trainstack_training.data.task import check_labels, infer_task, non_numeric_label
 from trainstack_training.data.xxhash import _HASHED_TYPES, spark_xxhash64
 
@@ -272,16 +273,20 @@ def _write_normalised(
         shard.cast("int").alias("shard"),
         F.col("_val"),
     )
+    # Row groups of about ROW_GROUP_BYTES (Parquet's block size, compressed: a bound), the
+    # unit a streaming rank reads (data/stream.py).
+    block = str(ROW_GROUP_BYTES)
     (
         out.filter(~F.col("_val"))
         .drop("_val")
         .write.mode("overwrite")
+        .option("parquet.block.size", block)
         .partitionBy("shard")
         .parquet(_spark_uri(train_dir))
     )
-    out.filter(F.col("_val")).drop("_val", "shard").write.mode("overwrite").parquet(
-        _spark_uri(val_dir)
-    )
+    out.filter(F.col("_val")).drop("_val", "shard").write.mode("overwrite").option(
+        "parquet.block.size", block
+    ).parquet(_spark_uri(val_dir))
     shard_rows = [_parquet_rows(train_dir / f"shard={k}") for k in range(cfg.workers)]
     return shard_rows, _parquet_rows(val_dir)
 
@@ -450,7 +455,9 @@ def _prepare_in_driver(
                     "label": pa.array(y[rows]),
                 }
             )
-            pq.write_table(out, directory / "part-00000.parquet")
+            pq.write_table(
+                out, directory / "part-00000.parquet", row_group_size=row_group_rows(len(features))
+            )
         return count
 
     for directory in (train_dir, val_dir):
@@ -522,7 +529,8 @@ def _parquet_rows(path: Path) -> int:
 
 def load_arrays(path: str) -> tuple[np.ndarray, np.ndarray]:
     """Read a shard written by prepare() into (features float32 [n, d], labels [n]): int32
-    class indices for a classification, float32 targets for a regression."""
+    class indices for a classification, float32 targets for a regression. The whole shard in
+    memory: a rank whose shard does not fit streams it (data/stream.py)."""
     import pyarrow as pa
     import pyarrow.parquet as pq
 
@@ -530,9 +538,4 @@ def load_arrays(path: str) -> tuple[np.ndarray, np.ndarray]:
     table = pq.read_table(files, columns=["features", "label"]) if files else None
     if table is None or table.num_rows == 0:
         raise DataError(f"shard {path!r} has no rows")
-    feats = table.column("features").combine_chunks()
-    width = len(feats[0])
-    x = np.asarray(feats.flatten().to_numpy(zero_copy_only=False), dtype=np.float32)
-    floats = pa.types.is_floating(table.schema.field("label").type)
-    y = np.asarray(table.column("label").to_numpy(), dtype=np.float32 if floats else np.int32)
-    return x.reshape(-1, width), y
+    return unit_arrays(table, pa)

@@ -11,19 +11,20 @@ import json
 import os
 import time
 from abc import ABC, abstractmethod
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 from trainstack_training import metrics as push_metrics
 from trainstack_training.config import TrainConfig
 from trainstack_training.data import DataInfo
+from trainstack_training.data.rank import InputChoice, RankData
+from trainstack_training.epochs import REPORTED_EPOCH
 from trainstack_training.job import JobContext, JobSpec, UserCodeError, call_user
 from trainstack_training.watchdog import Watchdog
 
 FAULT_MARKER = ".fault-injected"
-VAL_BATCH = 1024  # minimum validation batch
 # TEST ONLY hold hook (--hold-file): how often a held worker looks at the file again, and how
 # long it holds at most before it goes on (and holds no more in this process).
 HOLD_POLL_SECONDS = 0.2
@@ -60,13 +61,59 @@ class RankRun:
 
     @property
     def steps_per_epoch(self) -> int:
-        """The same on every rank, or the collectives hang: the smallest shard's batches."""
-        return min(self.info.shard_rows) // self.cfg.batch_size
+        """The same on every rank, or the collectives hang: the smallest shard's batches (0
+        for a job that reads its own data: its own loop decides)."""
+        return min(self.info.shard_rows, default=0) // self.cfg.batch_size
+
+    def rank_data(self) -> RankData:
+        """This rank's shard and the validation set, in memory or streamed (data/rank.py);
+        nothing for a job that reads its own data (`data = "none"`): a NoRankData, which
+        gives what RankData gives, empty."""
+        cfg = self.cfg
+        if self.spec.reads_own_data:
+            return cast(RankData, NoRankData())
+        return RankData.create(
+            self.info, self.rank, cfg.seed, cfg.batch_size, self.steps_per_epoch, cfg.data_stream
+        )
 
     def touch(self) -> None:
         """Progress, for the no-progress timeout."""
         if self.watchdog is not None:
             self.watchdog.touch()
+
+
+@dataclass
+class NoRankData:
+    """ctx's data of a job that reads its own data (`data = "none"`): no data stage ran. The
+    job's ctx.x, ctx.y, ctx.x_val, ctx.y_val, ctx.batches() and ctx.val_batches() refuse
+    (JobContext: NoDataError); trainstack's own uses of it see an empty shard."""
+
+    own_data: bool = True
+    streams: bool = False
+    start_epoch: int = 0
+    choice: InputChoice = field(
+        default_factory=lambda: InputChoice("none", "the job reads its own data", 0, 0)
+    )
+
+    def open(self) -> None:
+        """Nothing to read."""
+
+    def arrays(self, part: str) -> tuple[Any, Any]:
+        import numpy as np
+
+        return np.zeros((0, 0), np.float32), np.zeros((0,), np.float32)
+
+    def batches(self, epoch: int, batch: int | None = None) -> Iterator[tuple[Any, Any]]:
+        return iter(())
+
+    def val_batches(self, batch: int = 0) -> Iterator[tuple[Any, Any]]:
+        return iter(())
+
+    def label_is_float(self) -> bool:
+        return False
+
+    def wait_seconds(self) -> float:
+        return 0.0
 
 
 class Backend(ABC):
@@ -110,6 +157,8 @@ class WorkerResult:
     returned: dict[str, float] = field(default_factory=dict)
     # Where this worker's time went, in seconds (see timing_breakdown()).
     timings: dict[str, float] = field(default_factory=dict)
+    # Its input: "memory" or "stream", why, and its memory limit (data/rank.py InputChoice).
+    data_input: dict[str, Any] = field(default_factory=dict)
 
 
 def returned_metrics(final: dict[Any, Any], entry_file: str) -> dict[str, float]:
@@ -273,10 +322,48 @@ def check_datasets(arrays: Any, spec: JobSpec, rows: int) -> tuple[Any, Any]:
     return (x, y), (x_val, y_val)
 
 
+def epoch_offset(path: Path) -> int | None:
+    """What the run adds to the epochs its job reports (`ctx.report(epoch=...)`), as its first
+    report decided: 1 when it counted from 0, else 0; None while it has reported none (an
+    earlier attempt's rows in `path`, the run's epochs.jsonl, carry the decision over to a
+    resumed attempt: a row whose number was moved keeps the job's own in REPORTED_EPOCH)."""
+    try:
+        lines = path.read_text().splitlines()
+    except OSError:
+        return None
+    offset = None
+    for line in lines:
+        try:
+            row = json.loads(line)
+            epoch = int(row["epoch"])
+        except (ValueError, KeyError, TypeError):
+            continue
+        if REPORTED_EPOCH in row:
+            return epoch - int(row[REPORTED_EPOCH])
+        offset = 0
+    return offset
+
+
+def reported_epoch(value: float) -> int:
+    """The epoch number a job gave `ctx.report`, checked: a whole number >= 0."""
+    if not float(value).is_integer() or value < 0:
+        raise ValueError(
+            f"ctx.report(epoch={value!r}): the epoch must be a whole number >= 0, the epoch "
+            "that just ended (counted from 0 as range(epochs) does, or from 1)"
+        )
+    return int(value)
+
+
 class EpochReporter:
     """`ctx.report(...)` of a full-mode job, and the epochs of a loop without Keras: the
     chief's rows in epochs.jsonl (as the Keras epoch log writes them) and its push to the
-    Pushgateway when one is configured."""
+    Pushgateway when one is configured.
+
+    The rows count epochs from 1, as Keras' do. A job's own numbers (`epoch=`) are taken as
+    they are, unless the run's first report says epoch=0: then the job counts from 0
+    (`for epoch in range(epochs)`) and every number of the run is kept and shown as
+    epoch + 1, also those of a resumed attempt (`epoch_offset`). Without `epoch`, an
+    attempt's reports are counted from 1."""
 
     def __init__(
         self,
@@ -290,6 +377,8 @@ class EpochReporter:
         self.path, self.enabled, self.attempt, self.samples = path, enabled, attempt, samples
         self.epochs = 0
         self.last = time.perf_counter()
+        # What the job's own epoch numbers get added: None until the run's first report.
+        self.offset = epoch_offset(path) if enabled else None
         gateway = push_metrics.pushgateway_url()
         self.pusher: Any = None
         if enabled and gateway:  # epochs and workers: 0 where the loop is the user's
@@ -302,11 +391,22 @@ class EpochReporter:
         now = time.perf_counter()
         seconds, self.last = now - self.last, now
         seconds = float(metrics.pop("train_seconds", seconds))
+        given = metrics.pop("epoch", None)
+        own = None if given is None else reported_epoch(given)  # checked on every rank
         self.epochs += 1
         if not self.enabled:
             return
+        moved: dict[str, int] = {}
+        if own is None:
+            number = self.epochs
+        else:
+            if self.offset is None:  # the run's first report: epoch 0 can only count from 0
+                self.offset = 1 if own == 0 else 0
+            number = own + self.offset
+            moved = {REPORTED_EPOCH: own} if self.offset else {}
         row = {
-            "epoch": int(metrics.pop("epoch", self.epochs)),
+            "epoch": number,
+            **moved,
             "attempt": self.attempt,
             "train_seconds": seconds,
             "samples": int(metrics.pop("samples", self.samples)),
@@ -315,4 +415,5 @@ class EpochReporter:
         }
         append_row(self.path, row)
         if self.pusher is not None:
-            self.pusher.push(row["epoch"], self.attempt, metrics, row["samples"] / seconds)
+            speed = row["samples"] / seconds if seconds > 0 and row["samples"] else None
+            self.pusher.push(row["epoch"], self.attempt, metrics, speed)

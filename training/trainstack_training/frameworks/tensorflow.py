@@ -20,11 +20,10 @@ from typing import Any
 
 from trainstack_training import metrics as push_metrics
 from trainstack_training.config import TrainConfig
-from trainstack_training.data import load_arrays
+from trainstack_training.data.rank import VAL_BATCH, RankData
 from trainstack_training.epochs import EPOCH_LOG
 from trainstack_training.frameworks.base import (
     FAULT_MARKER,
-    VAL_BATCH,
     Backend,
     EpochHold,
     EpochReporter,
@@ -76,15 +75,15 @@ class TensorFlowBackend(Backend):
     def _context(self, run: RankRun, tf: Any, strategy: Any) -> tuple[JobContext, Any, Any]:
         """The job's ctx, with trainstack's Keras callbacks and its epoch reporter."""
         cfg, info, out = run.cfg, run.info, run.out
-        x_train, y_train = load_arrays(info.shard_dir(run.rank))
-        x_val, y_val = load_arrays(info.val_dir)
+        data = run.rank_data()
+        data.open()  # now: the time split's load_shards
         # Every worker runs the same number of steps (the data repeats).
         steps_per_epoch = run.steps_per_epoch
         samples = steps_per_epoch * cfg.batch_size * cfg.workers
         classes = callback_classes(tf)
         timer = classes[0](steps_per_epoch)
         reporter = EpochReporter(
-            out / EPOCH_LOG, run.is_chief, run.attempt, len(x_train) * cfg.workers
+            out / EPOCH_LOG, run.is_chief, run.attempt, info.shard_rows[run.rank] * cfg.workers
         )
 
         def report(metrics: dict[str, Any]) -> None:
@@ -93,14 +92,14 @@ class TensorFlowBackend(Backend):
 
         ctx = JobContext(
             params=dict(run.spec.params), rank=run.rank, world_size=cfg.workers,
-            is_chief=run.is_chief, strategy=strategy, tf=tf, x=x_train, y=y_train,
-            x_val=x_val, y_val=y_val, n_features=info.n_features, n_classes=info.n_classes,
+            is_chief=run.is_chief, strategy=strategy, tf=tf, data=data,
+            n_features=info.n_features, n_classes=info.n_classes,
             batch_size=cfg.batch_size, epochs=cfg.epochs, learning_rate=cfg.learning_rate,
             seed=cfg.seed, steps_per_execution=cfg.steps_per_execution,
             steps_per_epoch=steps_per_epoch, run_dir=str(out),
             checkpoint_dir=str(out / "backup"), model_path=str(out / self.model_file),
             attempt=run.attempt, task=info.task, framework=self.name,
-            _callbacks=lambda: keras_callbacks(run, tf, classes, timer, samples),
+            _callbacks=lambda: keras_callbacks(run, tf, classes, timer, samples, data),
             _report=report,
         )  # fmt: skip
         return ctx, timer, reporter
@@ -110,27 +109,21 @@ class TensorFlowBackend(Backend):
     ) -> WorkerResult:
         """trainstack's `fit` of the model `build_model(ctx)` returns."""
         cfg, spec = run.cfg, run.spec
-        x_train, y_train, x_val, y_val = ctx.x, ctx.y, ctx.x_val, ctx.y_val
-        if spec.has_datasets:
-            arrays = call_user(spec, module.datasets, ctx)
-            (x_train, y_train), (x_val, y_val) = check_datasets(arrays, spec, len(x_train))
         # Every worker evaluates the full validation set, in large batches (the metrics are the
         # same for any batch size; fewer steps cost less Python).
         val_batch = max(cfg.batch_size, VAL_BATCH)
-        options = input_options(tf)
-        global_batch = cfg.batch_size * cfg.workers
-
-        def train_fn(input_ctx: Any) -> Any:
-            per_replica = input_ctx.get_per_replica_batch_size(global_batch)
-            ds = tf.data.Dataset.from_tensor_slices((x_train, y_train))
-            ds = ds.shuffle(len(x_train), seed=cfg.seed + run.rank, reshuffle_each_iteration=True)
-            ds = ds.batch(per_replica, drop_remainder=True).repeat().prefetch(2)
-            return ds.with_options(options)
-
-        def val_fn(input_ctx: Any) -> Any:
-            ds = tf.data.Dataset.from_tensor_slices((x_val, y_val))
-            return ds.batch(val_batch).repeat().prefetch(2).with_options(options)
-
+        val_rows = run.info.val_rows
+        if ctx.streams and not spec.has_datasets:
+            train_fn, val_fn = streamed_inputs(tf, ctx, cfg.workers, val_batch)
+        else:
+            x_train, y_train, x_val, y_val = ctx.x, ctx.y, ctx.x_val, ctx.y_val
+            if spec.has_datasets:
+                arrays = call_user(spec, module.datasets, ctx)
+                (x_train, y_train), (x_val, y_val) = check_datasets(arrays, spec, len(x_train))
+                val_rows = len(x_val)
+            train_fn, val_fn = in_memory_inputs(
+                tf, (x_train, y_train, x_val, y_val), cfg, run.rank, val_batch
+            )
         train_ds = strategy.distribute_datasets_from_function(train_fn)
         val_ds = strategy.distribute_datasets_from_function(val_fn)
         with strategy.scope():
@@ -151,7 +144,7 @@ class TensorFlowBackend(Backend):
             epochs=cfg.epochs,
             steps_per_epoch=ctx.steps_per_epoch,
             validation_data=val_ds,
-            validation_steps=math.ceil(len(x_val) / val_batch),
+            validation_steps=math.ceil(val_rows / val_batch),
             callbacks=ctx.callbacks(),
             verbose=0,
         )
@@ -185,12 +178,19 @@ class TensorFlowBackend(Backend):
             model_path=ctx.model_path if run.is_chief else "",
             history=history,
             returned=returned or {},
-            timings=timing_breakdown(run.marks, timer, fit_seconds),
+            timings=timing_breakdown(run.marks, timer, fit_seconds)
+            | {"input_wait": ctx.data.wait_seconds()},
+            data_input=ctx.data.choice.to_dict(),
         )
 
 
 def keras_callbacks(
-    run: RankRun, tf: Any, classes: tuple[Any, Any, Any, Any], timer: Any, samples: int
+    run: RankRun,
+    tf: Any,
+    classes: tuple[Any, Any, Any, Any],
+    timer: Any,
+    samples: int,
+    data: RankData,
 ) -> list[Any]:
     """trainstack's Keras callbacks: progress, the epoch timer and log, backup and resume, the
     pushed progress, and the test-only fault and hold."""
@@ -206,6 +206,13 @@ def keras_callbacks(
         def on_epoch_end(self, epoch: int, logs: Any = None) -> None:
             run.touch()
 
+    class StreamStart(tf.keras.callbacks.Callback):
+        """A streaming rank's first epoch is the one fit resumes at (its shuffle is that
+        epoch's, data/stream.py)."""
+
+        def on_train_begin(self, logs: Any = None) -> None:
+            data.start_epoch = restored_epoch(self.model)
+
     cbs: list[Any] = [
         Progress(),
         timer,
@@ -215,6 +222,7 @@ def keras_callbacks(
         # again on resume (its row twice: the report keeps the last), whereas a backup
         # before the row would resume past an epoch whose row was never written.
         tf.keras.callbacks.BackupAndRestore(backup_dir=str(out / "backup")),
+        StreamStart(),  # after the restore
     ]
     if cfg.fault_kill_epoch >= 1 and run.rank == cfg.fault_kill_worker:
         cbs.append(fault_injector(cfg.fault_kill_epoch, timer.steps, out))
@@ -269,6 +277,82 @@ def import_tensorflow(cores: int) -> Any:
     tf.config.threading.set_intra_op_parallelism_threads(cores)
     tf.config.threading.set_inter_op_parallelism_threads(cores)
     return tf
+
+
+def in_memory_inputs(
+    tf: Any, arrays: tuple[Any, Any, Any, Any], cfg: TrainConfig, rank: int, val_batch: int
+) -> tuple[Any, Any]:
+    """The input functions of a rank that holds its arrays: the shard shuffled by tf.data
+    (a buffer of the whole shard), repeated; the validation set in order, repeated."""
+    x_train, y_train, x_val, y_val = arrays
+    options = input_options(tf)
+    global_batch = cfg.batch_size * cfg.workers
+
+    def train_fn(input_ctx: Any) -> Any:
+        per_replica = input_ctx.get_per_replica_batch_size(global_batch)
+        ds = tf.data.Dataset.from_tensor_slices((x_train, y_train))
+        ds = ds.shuffle(len(x_train), seed=cfg.seed + rank, reshuffle_each_iteration=True)
+        ds = ds.batch(per_replica, drop_remainder=True).repeat().prefetch(2)
+        return ds.with_options(options)
+
+    def val_fn(input_ctx: Any) -> Any:
+        ds = tf.data.Dataset.from_tensor_slices((x_val, y_val))
+        return ds.batch(val_batch).repeat().prefetch(2).with_options(options)
+
+    return train_fn, val_fn
+
+
+def streamed_inputs(tf: Any, ctx: JobContext, workers: int, val_batch: int) -> tuple[Any, Any]:
+    """The input functions of a rank that streams (data/stream.py): each epoch's batches from
+    the one fit starts at (`RankData.start_epoch`, set by trainstack's callbacks on a resume)
+    on, read a row group at a time in tf.data's prefetch thread; the validation set read
+    again for each evaluation."""
+    options = input_options(tf)
+    data = ctx.data
+    label = tf.int32 if not data.label_is_float() else tf.float32
+
+    def train_fn(input_ctx: Any) -> Any:
+        per_replica = input_ctx.get_per_replica_batch_size(ctx.batch_size * workers)
+
+        def epochs() -> Any:
+            epoch = data.start_epoch  # read when fit starts iterating: after the restore
+            while True:
+                yield from data.chunks(epoch, per_replica)
+                epoch += 1
+
+        spec = (
+            tf.TensorSpec((None, ctx.n_features), tf.float32),
+            tf.TensorSpec((None,), label),
+        )
+        # Python hands over a row group's worth of shuffled rows; tf.data batches it.
+        ds = tf.data.Dataset.from_generator(epochs, output_signature=spec).flat_map(
+            lambda x, y: tf.data.Dataset.from_tensor_slices((x, y)).batch(
+                per_replica, drop_remainder=True
+            )
+        )
+        return ds.prefetch(2).with_options(options)
+
+    def val_fn(input_ctx: Any) -> Any:
+        spec = (
+            tf.TensorSpec((None, ctx.n_features), tf.float32),
+            tf.TensorSpec((None,), label),
+        )
+        ds = tf.data.Dataset.from_generator(
+            lambda: data.val_batches(val_batch), output_signature=spec
+        )
+        return ds.repeat().prefetch(2).with_options(options)
+
+    return train_fn, val_fn
+
+
+def restored_epoch(model: Any) -> int:
+    """The epoch a resumed fit starts at: the one after the last that BackupAndRestore had
+    saved (its restored state, tf-keras' own counter), 0 without a backup."""
+    try:
+        saved = int(model._training_state._ckpt_saved_epoch.numpy())
+    except (AttributeError, TypeError, ValueError):  # no backup callback, or another Keras
+        return 0
+    return saved + 1 if saved >= 0 else 0
 
 
 def input_options(tf: Any) -> Any:
@@ -330,24 +414,37 @@ def callback_classes(tf: Any) -> tuple[Any, Any, Any, Any]:
         def __init__(self, steps: int) -> None:
             super().__init__()
             self.steps, self.epochs, self.total, self.last = steps, 0, 0.0, 0.0
-            self._start = 0.0
+            self._start = self._batch_end = 0.0
             # first_step: the first call of this process (tracing, first all-reduce).
             self.first_step, self.step_count, self.validation = 0.0, 0, 0.0
             self._val_start = 0.0
 
+        def on_train_begin(self, logs: Any = None) -> None:
+            # A job that reads its own data has no steps_per_epoch of trainstack's: fit's.
+            if not self.steps:
+                self.steps = int((self.params or {}).get("steps") or 0)
+
         def on_epoch_begin(self, epoch: int, logs: Any = None) -> None:
-            self._start = time.perf_counter()
+            self._start = self._batch_end = time.perf_counter()
 
         def on_train_batch_end(self, batch: int, logs: Any = None) -> None:
+            self._batch_end = time.perf_counter()
             if self.step_count == 0:
-                self.first_step = time.perf_counter() - self._start
+                self.first_step = self._batch_end - self._start
             self.step_count += 1
             # With steps_per_execution N this is called once per N steps, the last with
             # batch == steps - 1.
-            if batch >= self.steps - 1:
-                self.last = time.perf_counter() - self._start
-                self.total += self.last
-                self.epochs += 1
+            if self.steps and batch >= self.steps - 1:
+                self._count()
+
+        def on_epoch_end(self, epoch: int, logs: Any = None) -> None:
+            if not self.steps:  # an epoch of a length fit did not know: to its last batch
+                self._count()
+
+        def _count(self) -> None:
+            self.last = self._batch_end - self._start
+            self.total += self.last
+            self.epochs += 1
 
         def on_test_begin(self, logs: Any = None) -> None:
             self._val_start = time.perf_counter()

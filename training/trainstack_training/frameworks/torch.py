@@ -15,16 +15,16 @@ import os
 import signal
 import sys
 import time
+from collections.abc import Iterator
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
 from trainstack_training.config import REGRESSION
-from trainstack_training.data import load_arrays
+from trainstack_training.data.rank import VAL_BATCH
 from trainstack_training.epochs import EPOCH_LOG
 from trainstack_training.frameworks.base import (
     FAULT_MARKER,
-    VAL_BATCH,
     Backend,
     EpochHold,
     EpochReporter,
@@ -102,13 +102,13 @@ class TorchBackend(Backend):
 
     def _context(self, run: RankRun, torch: Any, device: Any) -> tuple[JobContext, Any]:
         cfg, info, out = run.cfg, run.info, run.out
-        x, y = load_arrays(info.shard_dir(run.rank))
-        x_val, y_val = load_arrays(info.val_dir)
+        data = run.rank_data()
+        data.open()  # now: the time split's load_shards
         reporter = EpochReporter(
             out / EPOCH_LOG,
             run.is_chief,
             run.attempt,
-            len(x) * cfg.workers,
+            info.shard_rows[run.rank] * cfg.workers,
             cfg.epochs,
             cfg.workers,
         )
@@ -119,7 +119,7 @@ class TorchBackend(Backend):
 
         ctx = JobContext(
             params=dict(run.spec.params), rank=run.rank, world_size=cfg.workers,
-            is_chief=run.is_chief, strategy=None, tf=None, x=x, y=y, x_val=x_val, y_val=y_val,
+            is_chief=run.is_chief, strategy=None, tf=None, data=data,
             n_features=info.n_features, n_classes=info.n_classes, batch_size=cfg.batch_size,
             epochs=cfg.epochs, learning_rate=cfg.learning_rate, seed=cfg.seed,
             steps_per_execution=1, steps_per_epoch=run.steps_per_epoch,
@@ -182,10 +182,13 @@ def simple(run: RankRun, module: Any, ctx: JobContext, reporter: EpochReporter) 
     validation metrics, a checkpoint every epoch (resumed on a stage retry), the chief's
     save."""
     torch, spec = ctx.torch, run.spec
-    x, y, x_val, y_val = ctx.x, ctx.y, ctx.x_val, ctx.y_val
+    arrays: tuple[Any, Any, Any, Any] | None = None  # None: streamed (data/stream.py)
     if spec.has_datasets:
-        arrays = call_user(spec, module.datasets, ctx)
-        (x, y), (x_val, y_val) = check_datasets(arrays, spec, len(x))
+        returned = call_user(spec, module.datasets, ctx)
+        (x, y), (x_val, y_val) = check_datasets(returned, spec, len(ctx.x))
+        arrays = (x, y, x_val, y_val)
+    elif not ctx.streams:
+        arrays = (ctx.x, ctx.y, ctx.x_val, ctx.y_val)
     model = call_user(spec, module.build_model, ctx)
     if not isinstance(model, torch.nn.Module):
         raise UserCodeError(
@@ -212,7 +215,7 @@ def simple(run: RankRun, module: Any, ctx: JobContext, reporter: EpochReporter) 
     wrapped = model
     if ctx.world_size > 1 and not sharded(model):
         wrapped = torch.nn.parallel.DistributedDataParallel(model)
-    data = Tensors(torch, ctx.device, regression, x, y, x_val, y_val)
+    data = Tensors(torch, ctx.device, regression, arrays)
     hold = EpochHold(run.cfg.hold_file, ctx.epochs, run.rank, run.attempt)
     loop, curves = Loop(), dict[str, list[float]]()
     run.marks["fit_start"] = time.time()
@@ -236,20 +239,56 @@ def simple(run: RankRun, module: Any, ctx: JobContext, reporter: EpochReporter) 
 
 class Tensors:
     """The shard and the validation set as tensors on the rank's device: float32 features,
-    int64 classes or float32 targets of the model's output shape (rows, 1)."""
+    int64 classes or float32 targets of the model's output shape (rows, 1). A rank that
+    streams (no `arrays`) makes them batch by batch from its readers."""
 
     def __init__(
-        self, torch: Any, device: Any, regression: bool, x: Any, y: Any, x_val: Any, y_val: Any
+        self,
+        torch: Any,
+        device: Any,
+        regression: bool,
+        arrays: tuple[Any, Any, Any, Any] | None,
     ) -> None:
-        def labels(values: Any) -> Any:
-            t = torch.tensor(values)  # a copy: the arrays are read-only memory maps
-            return t.float().reshape(-1, 1) if regression else t.long()
+        self.torch, self.device, self.regression = torch, device, regression
+        self.streamed = arrays is None
+        if arrays is not None:
+            x, y, x_val, y_val = arrays
+            self.x = torch.tensor(x).float().to(device)  # a copy: the arrays may be read-only
+            self.y = self.labels(y).to(device)
+            self.x_val = torch.tensor(x_val).float().to(device)
+            self.y_val = self.labels(y_val).to(device)
 
-        self.x = torch.tensor(x).float().to(device)
-        self.y = labels(y).to(device)
-        self.x_val = torch.tensor(x_val).float().to(device)
-        self.y_val = labels(y_val).to(device)
-        self.regression = regression
+    def labels(self, values: Any) -> Any:
+        t = self.torch.tensor(values)
+        return t.float().reshape(-1, 1) if self.regression else t.long()
+
+    def batch(self, x: Any, y: Any) -> tuple[Any, Any]:
+        """A streamed batch (NumPy arrays, maybe read-only views) as tensors on the device."""
+        return self.torch.tensor(x).float().to(self.device), self.labels(y).to(self.device)
+
+    def train_batches(self, ctx: JobContext, epoch: int) -> Iterator[tuple[Any, Any]]:
+        """Epoch `epoch`'s steps_per_epoch batches of this rank, reshuffled each epoch."""
+        if self.streamed:
+            for x, y in ctx.data.batches(epoch):
+                yield self.batch(x, y)
+            return
+        torch, batch = self.torch, ctx.batch_size
+        order = torch.randperm(
+            len(self.x),
+            generator=torch.Generator().manual_seed(ctx.seed + 1000 * epoch + ctx.rank),
+        ).to(self.x.device)
+        for step in range(ctx.steps_per_epoch):
+            idx = order[step * batch : (step + 1) * batch]
+            yield self.x[idx], self.y[idx]
+
+    def val_batches(self, ctx: JobContext, batch: int) -> Iterator[tuple[Any, Any]]:
+        """Every validation row once, in batches of `batch`."""
+        if self.streamed:
+            for x, y in ctx.data.val_batches(batch):
+                yield self.batch(x, y)
+            return
+        for first in range(0, len(self.x_val), batch):
+            yield self.x_val[first : first + batch], self.y_val[first : first + batch]
 
 
 def train_epoch(
@@ -264,25 +303,21 @@ def train_epoch(
 ) -> dict[str, float]:
     """One epoch of steps over this rank's shard, reshuffled each epoch (every rank runs the
     same number of steps); its metrics summed over all ranks."""
-    torch, batch, steps = ctx.torch, ctx.batch_size, ctx.steps_per_epoch
-    order = torch.randperm(
-        len(data.x), generator=torch.Generator().manual_seed(ctx.seed + 1000 * epoch + ctx.rank)
-    ).to(data.x.device)
+    torch, steps = ctx.torch, ctx.steps_per_epoch
     kill_at = steps // 2 if fault_due(run, epoch + 1) else -1
     model.train()
     sums = torch.zeros(3, dtype=torch.float64)  # loss x rows, correct (or |error|), rows
     started = time.perf_counter()
-    for step in range(steps):
+    for step, (x, y) in enumerate(data.train_batches(ctx, epoch)):
         if step == kill_at:
             kill_self(run, epoch + 1)
-        idx = order[step * batch : (step + 1) * batch]
-        out = model(data.x[idx])
-        loss = loss_fn(out, data.y[idx])
+        out = model(x)
+        loss = loss_fn(out, y)
         optimizer.zero_grad(set_to_none=True)
         loss.backward()
         optimizer.step()
         with torch.no_grad():
-            sums += torch.tensor([float(loss) * len(idx), score(out, data.y[idx], data), len(idx)])
+            sums += torch.tensor([float(loss) * len(y), score(out, y, data), len(y)])
         if loop.epochs == 0 and step == 0 and loop.first_step == 0.0:
             loop.first_step = time.perf_counter() - started
         run.touch()
@@ -303,16 +338,16 @@ def validate(
     torch = ctx.torch
     started = time.perf_counter()
     model.eval()
-    loss_sum, scored = 0.0, 0.0
+    loss_sum, scored, rows = 0.0, 0.0, 0
     batch = max(ctx.batch_size, VAL_BATCH)
     with torch.no_grad():
-        for first in range(0, len(data.x_val), batch):
-            out = model(data.x_val[first : first + batch])
-            target = data.y_val[first : first + batch]
+        for x, target in data.val_batches(ctx, batch):
+            out = model(x)
             loss_sum += float(loss_fn(out, target)) * len(target)
             scored += score(out, target, data)
+            rows += len(target)
     loop.validation += time.perf_counter() - started
-    rows = max(1, len(data.x_val))
+    rows = max(1, rows)
     return {"val_loss": loss_sum / rows, f"val_{metric_name(data)}": scored / rows}
 
 
@@ -423,8 +458,16 @@ def save_model(ctx: JobContext, model: Any) -> None:
     if sharded(inner):
         print("no exported copy of an FSDP model: load model.pt into your model", flush=True)
         return
+    if ctx.own_data:
+        print(
+            "no exported copy of the model: the job reads its own data, so trainstack has no "
+            "rows to trace it with; load model.pt into your model",
+            flush=True,
+        )
+        return
     try:
-        example = torch.tensor(ctx.x_val[:2]).float().to(ctx.device)
+        first, _ = next(iter(ctx.data.val_batches(2)))  # two rows, in memory or streamed
+        example = torch.tensor(first).float().to(ctx.device)
         torch.export.save(torch.export.export(inner.eval(), (example,)), str(exported))
     except Exception as exc:  # not every model exports: the state_dict is the model then
         exported.unlink(missing_ok=True)
@@ -483,5 +526,7 @@ def result(
             "worker_total": marks["saved"] - marks["task_start"],
             "task_start_at": marks["task_start"],
             "fit_start_at": marks["fit_start"],
+            "input_wait": ctx.data.wait_seconds(),
         },
+        data_input=ctx.data.choice.to_dict(),
     )

@@ -1,0 +1,212 @@
+"""A rank's reader of a shard (or of the validation set) that the data stage wrote: record
+batches of bounded size, read ahead in a background thread, never the whole shard at once.
+
+A shard is a directory of Parquet files with a ``features`` list column and a ``label``
+column (data/stage.py). Its unit of reading is the row group: the data stage writes row
+groups of about ``ROW_GROUP_BYTES`` (``row_group_rows``), so a rank holds at most
+``read_ahead + 1`` row groups and one batch at a time, whatever the shard's size.
+
+An epoch (`ShardReader.epoch`) gives exactly ``steps`` batches of ``batch`` rows, the same
+number on every rank (the collectives need it). Its order is seeded by the seed, the epoch
+and the rank: the row groups of the shard in a shuffled order, and the rows of each row group
+(with the few rows the previous one left over) in a shuffled order. An epoch is a function of
+its number, so a resumed attempt trains its first epoch in the order that epoch would have
+had. Validation (`ShardReader.batches`) reads every row once, in file order: exact metrics.
+
+pyarrow decodes with the GIL released, so the read-ahead overlaps the training steps. The
+reader counts the seconds its consumer waited for a read that had not finished
+(`wait_seconds`): the input wait of the run's time split.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import deque
+from collections.abc import Iterator
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from trainstack_training.data.info import DataError
+
+ROW_GROUP_BYTES = 8 * 1024**2  # a shard's row group, as the data stage writes it
+READ_AHEAD = 2  # row groups read ahead of the one being consumed
+
+
+def row_group_rows(n_features: int) -> int:
+    """Rows per row group for `n_features` float32 features and a 4-byte label: about
+    ROW_GROUP_BYTES in memory, at least 1024 rows."""
+    return max(1024, ROW_GROUP_BYTES // (4 * (n_features + 1)))
+
+
+@dataclass(frozen=True)
+class Unit:
+    """One row group of one file of a shard."""
+
+    file: str
+    index: int
+    rows: int
+
+
+class ShardReader:
+    """Batches of one shard directory (`path`), read a row group at a time."""
+
+    def __init__(self, path: str, *, read_ahead: int = READ_AHEAD) -> None:
+        import pyarrow.parquet as pq
+
+        files = sorted(Path(path).glob("*.parquet"))
+        self.path, self.read_ahead = path, max(0, read_ahead)
+        self.units: list[Unit] = []
+        for f in files:
+            meta = pq.ParquetFile(f).metadata
+            self.units += [
+                Unit(str(f), i, meta.row_group(i).num_rows)
+                for i in range(meta.num_row_groups)
+                if meta.row_group(i).num_rows
+            ]
+        self.rows = sum(u.rows for u in self.units)
+        if not self.units:
+            raise DataError(f"shard {path!r} has no rows")
+        self.wait_seconds = 0.0
+        self.largest_unit = max(u.rows for u in self.units)
+
+    def _read(self, unit: Unit) -> tuple[np.ndarray, np.ndarray]:
+        import pyarrow as pa
+        import pyarrow.parquet as pq
+
+        table = pq.ParquetFile(unit.file).read_row_group(unit.index, columns=["features", "label"])
+        return unit_arrays(table, pa)
+
+    def _stream(self, units: list[Unit]) -> Iterator[tuple[np.ndarray, np.ndarray]]:
+        """The arrays of `units` in that order, `read_ahead` row groups ahead in a thread."""
+        if self.read_ahead == 0:
+            for unit in units:
+                yield self._read(unit)
+            return
+        pool = ThreadPoolExecutor(1, thread_name_prefix="trainstack-read")
+        pending: deque[Future[tuple[np.ndarray, np.ndarray]]] = deque()
+        todo = iter(units)
+        try:
+            for unit in todo:
+                pending.append(pool.submit(self._read, unit))
+                if len(pending) > self.read_ahead:
+                    break
+            while pending:
+                future = pending.popleft()
+                if not future.done():
+                    start = time.perf_counter()
+                    arrays = future.result()
+                    self.wait_seconds += time.perf_counter() - start
+                else:
+                    arrays = future.result()
+                nxt = next(todo, None)
+                if nxt is not None:
+                    pending.append(pool.submit(self._read, nxt))
+                yield arrays
+        finally:  # the consumer stopped early (an epoch's last step) or failed
+            for future in pending:
+                future.cancel()
+            pool.shutdown(wait=True, cancel_futures=True)
+
+    def epoch(
+        self, epoch: int, steps: int, batch: int, seed: int
+    ) -> Iterator[tuple[np.ndarray, np.ndarray]]:
+        """Exactly `steps` batches of `batch` rows: epoch `epoch`'s order (seeded by `seed`, the
+        rank's seed, and the epoch). Needs steps x batch <= the shard's rows."""
+        for x, y in self.epoch_chunks(epoch, steps, batch, seed):
+            for k in range(len(y) // batch):
+                yield x[k * batch : (k + 1) * batch], y[k * batch : (k + 1) * batch]
+
+    def epoch_chunks(
+        self, epoch: int, steps: int, batch: int, seed: int
+    ) -> Iterator[tuple[np.ndarray, np.ndarray]]:
+        """`epoch`'s rows in the order `epoch` gives them, a row group's worth at a time, each
+        chunk a multiple of `batch` rows, `steps` x `batch` rows in all (for tf.data, which
+        batches a chunk in C++ rather than taking each batch from Python)."""
+        if steps * batch > self.rows:
+            raise DataError(
+                f"shard {self.path!r} has {self.rows} rows, fewer than {steps} steps of {batch}"
+            )
+        rng = np.random.default_rng([seed, epoch])
+        order = [self.units[i] for i in rng.permutation(len(self.units))]
+        left_x: np.ndarray | None = None
+        left_y: np.ndarray | None = None
+        wanted = steps * batch
+        for x, y in self._stream(order):
+            if left_x is not None and left_y is not None and len(left_x):
+                x, y = np.concatenate([left_x, x]), np.concatenate([left_y, y])
+            perm = rng.permutation(len(x))
+            full = min(len(x) // batch * batch, wanted)
+            if full:
+                take = perm[:full]
+                yield x[take], y[take]
+                wanted -= full
+            if not wanted:
+                return
+            rest = perm[full:]
+            left_x, left_y = x[rest], y[rest]
+
+    def batches(self, batch: int) -> Iterator[tuple[np.ndarray, np.ndarray]]:
+        """Every row once, in file order, in batches of `batch` (the last one smaller)."""
+        left_x: np.ndarray | None = None
+        left_y: np.ndarray | None = None
+        for x, y in self._stream(self.units):
+            if left_x is not None and len(left_x):
+                x, y = np.concatenate([left_x, x]), np.concatenate([left_y, y])
+            full = len(x) // batch
+            for k in range(full):
+                yield x[k * batch : (k + 1) * batch], y[k * batch : (k + 1) * batch]
+            left_x, left_y = x[full * batch :], y[full * batch :]
+        if left_x is not None and left_y is not None and len(left_x):
+            yield left_x, left_y
+
+    def width(self) -> int:
+        """The number of features (from the first row group's first row)."""
+        import pyarrow.parquet as pq
+
+        unit = self.units[0]
+        table = pq.ParquetFile(unit.file).read_row_group(unit.index, columns=["features"])
+        return len(table.column("features")[0])
+
+    def label_is_float(self) -> bool:
+        import pyarrow as pa
+        import pyarrow.parquet as pq
+
+        schema = pq.read_schema(self.units[0].file)
+        return bool(pa.types.is_floating(schema.field("label").type))
+
+
+# Arrow's primitive types as NumPy's: read from the Arrow buffer itself (pyarrow's to_numpy
+# imports pandas, a second of a rank's start-up).
+NUMPY_TYPES = {
+    "float": np.float32, "double": np.float64, "int8": np.int8, "int16": np.int16,
+    "int32": np.int32, "int64": np.int64,
+}  # fmt: skip
+
+
+def column_values(array: Any) -> np.ndarray:
+    """The values of a primitive Arrow array without nulls as a read-only NumPy view of its
+    buffer; any other array through pyarrow's conversion."""
+    kind = NUMPY_TYPES.get(str(array.type))
+    if kind is None or array.null_count:
+        return np.asarray(array.to_numpy(zero_copy_only=False))
+    size = np.dtype(kind).itemsize
+    return np.frombuffer(array.buffers()[1], kind, len(array), array.offset * size)
+
+
+def unit_arrays(table: Any, pa: Any) -> tuple[np.ndarray, np.ndarray]:
+    """A table of the shard's columns as (features float32 [n, d], labels [n]): int32 class
+    indices, or float32 regression targets. Read-only where they are views of Arrow's
+    buffers."""
+    feats = table.column("features").combine_chunks()
+    if len(feats) == 0:
+        return np.empty((0, 0), np.float32), np.empty(0, np.int32)
+    width = len(feats[0])
+    x = column_values(feats.flatten()).astype(np.float32, copy=False)
+    floats = pa.types.is_floating(table.schema.field("label").type)
+    labels = column_values(table.column("label").combine_chunks())
+    y = labels.astype(np.float32 if floats else np.int32, copy=False)
+    return x.reshape(-1, width), y
