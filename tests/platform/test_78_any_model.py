@@ -1,16 +1,19 @@
 """Any Keras model, not only classifiers (docs/training.md, "The task"), through `trainstack
-submit` on the shared stack: a regression in simple mode (examples/regression) and one in full
-mode (its own `train(ctx)`), each with the model's own metrics in `status --json` and no
-accuracy anywhere. The regression through `pulumi up` is test_75's. Runs in the warm runner
-that test_77 left up: about 40 s."""
+submit` on the shared stack: a regression in simple mode (examples/regression, its data
+streamed) and one in full mode (its own `train(ctx)`), each with the model's own metrics in
+`status --json` and no accuracy anywhere. The regression through `pulumi up` is test_75's.
+Runs in the warm runner that test_77 left up: about 40 s."""
 
 from __future__ import annotations
+
+import json
 
 import pytest
 
 from tests.support.jobs import regression_full_mode
 
-from .cli import EXAMPLES, submit_and_follow, trainstack
+from .cli import EXAMPLES, submit_and_follow, trainstack, workers
+from .conftest import MODELS, sh
 
 pytestmark = pytest.mark.e2e
 
@@ -20,8 +23,21 @@ def no_accuracy(result: dict) -> list[str]:
 
 
 def test_a_regression_in_simple_mode_through_submit(platform):
-    record, _ = submit_and_follow(platform, EXAMPLES / "regression", "--epochs", "3")
+    # Streamed (docs/training.md, Streaming): `--data-stream on` reaches the ranks, which
+    # read their shards a row group at a time and their containers' memory limit (cgroup).
+    record, _ = submit_and_follow(
+        platform, EXAMPLES / "regression", "--epochs", "3", "--data-stream", "on"
+    )
     result = record["result"]
+    assert result["input"] == "stream", result
+    _, text = sh(platform.container("control-3"), f"cat {MODELS}/{record['id']}/metrics.json")
+    inputs = json.loads(text)["worker_input"]
+    limits = set()
+    for name in workers(platform):
+        _, limit = sh(name, "cat /sys/fs/cgroup/memory.max")
+        limits.add(round(int(limit.strip()) / 1024**2, 1))
+    assert [w["input"] for w in inputs] == ["stream", "stream"], inputs
+    assert {w["memory_limit_mb"] for w in inputs} <= limits, (inputs, limits)
     assert result["task"] == "regression" and result["metric"] == "val_mae", result
     assert set(result["final"]) == {"loss", "mae", "val_loss", "val_mae"}, result
     assert not no_accuracy(result), result

@@ -258,6 +258,7 @@ def summary(metrics: dict[str, Any]) -> dict[str, Any]:
         "workers",
         "attempts",
         "samples_per_second",
+        "input",
         "data_seconds",
         "train_seconds",
         "total_seconds",

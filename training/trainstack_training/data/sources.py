@@ -200,9 +200,29 @@ def check_files(path: Path, fmt: str) -> None:
 def read_source(spark: SparkSession, uri: str, fmt: str) -> DataFrame:
     from pyspark.errors import AnalysisException
 
+    from py4j.protocol import Py4JJavaError
+
     try:
         if fmt == "csv":
             return spark.read.option("header", True).option("inferSchema", True).csv(uri)
         return spark.read.parquet(uri)
     except AnalysisException as exc:
         raise DataError(f"cannot read {fmt} data at {uri!r}: {exc}") from exc
+    except Py4JJavaError as exc:  # Hadoop's own failure: its Java exception's first line
+        cause = _java_cause(exc)
+        if "S3AFileSystem not found" in cause:
+            raise DataError(
+                f"cannot read {uri!r}: this cluster cannot read s3a:// yet (its nodes have no "
+                "hadoop-aws and AWS SDK jars); put the data on the cluster's shared storage "
+                "(an absolute path) or give an http(s):// URL"
+            ) from None
+        raise DataError(f"cannot read {fmt} data at {uri!r}: {cause}") from None
+
+
+def _java_cause(exc: Exception) -> str:
+    """A Py4J error's Java exception as one line (its class and message), without the trace."""
+    try:
+        text = str(exc.java_exception.toString())  # type: ignore[attr-defined]
+    except Exception:  # not a live Java exception
+        text = str(exc)
+    return text.strip().splitlines()[0] if text.strip() else type(exc).__name__
