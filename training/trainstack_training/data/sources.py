@@ -198,9 +198,8 @@ def check_files(path: Path, fmt: str) -> None:
 
 
 def read_source(spark: SparkSession, uri: str, fmt: str) -> DataFrame:
-    from pyspark.errors import AnalysisException
-
     from py4j.protocol import Py4JJavaError
+    from pyspark.errors import AnalysisException
 
     try:
         if fmt == "csv":
