@@ -15,11 +15,12 @@ from trainstack_training.data import stream as stream_module
 from trainstack_training.data.rank import (
     MEMORY_SHARE,
     RankData,
+    ShardTooLargeError,
     choose_input,
     in_memory_bytes,
 )
 from trainstack_training.data.stream import ShardReader
-from trainstack_training.job import JobContext, UserCodeError
+from trainstack_training.job import JobContext, JobSpec, UserCodeError, call_user
 
 FEATURES = 3
 
@@ -150,13 +151,23 @@ def context(data: RankData) -> JobContext:
 
 
 def test_ctx_x_of_a_streaming_rank_is_one_sentence_not_an_oom(tmp_path: Path) -> None:
+    # Raised in the user's code, where call_user makes it their error (with their line).
     ctx = context(rank_data(tmp_path, "on"))
-    with pytest.raises(UserCodeError) as raised:
+    with pytest.raises(ShardTooLargeError) as raised:
         _ = ctx.x
     message = str(raised.value)
-    assert message.startswith("your code failed: it used ctx.x, but this rank streams its data")
-    assert "2,000 rows x 3 features" in message and "ctx.batches(epoch)" in message
-    assert "\n" not in message
+    assert message.startswith(
+        "ctx.x would hold this worker's whole shard in memory (2,000 rows x 3 features), but "
+        "this rank streams its data (data_stream=on)"
+    ), message
+    assert "ctx.batches(epoch)" in message and "\n" not in message
+    spec = JobSpec(str(tmp_path), "m", "m.py", "full", has_datasets=False)
+
+    def user_code(ctx: JobContext) -> object:
+        return ctx.x_val
+
+    with pytest.raises(UserCodeError, match=r"^your code failed: ShardTooLargeError: ctx.x_val "):
+        call_user(spec, user_code, ctx)
     assert sum(len(y) for _, y in ctx.batches(0)) == (2000 // 32) * 32
 
 
@@ -200,3 +211,19 @@ def test_tf_chunks_are_the_epochs_batches_whole_batches_at_a_time(tmp_path: Path
     assert all(len(y) % 64 == 0 for _, y in chunks) and sum(len(y) for _, y in chunks) == 45 * 64
     batches = np.concatenate([y for _, y in reader.epoch(3, 45, 64, seed=5)])
     assert (np.concatenate([y for _, y in chunks]) == batches).all()
+
+
+def test_a_datasets_hook_on_a_streaming_rank_is_refused_in_one_sentence(tmp_path: Path) -> None:
+    from trainstack_training.frameworks.base import datasets_in_memory
+
+    ctx = context(rank_data(tmp_path, "on"))
+    spec = JobSpec(str(tmp_path), "m", "m.py", "simple", has_datasets=True)
+    with pytest.raises(UserCodeError) as raised:
+        datasets_in_memory(ctx, spec)
+    assert str(raised.value) == (
+        "your code failed: datasets(ctx) in m.py transforms the whole shard in memory, but this "
+        "rank streams its data (data_stream=on); transform the batches of ctx.batches(epoch) "
+        "in a full-mode train(ctx), use more workers, or set data_stream=off to hold the "
+        "shard anyway"
+    )
+    datasets_in_memory(context(rank_data(tmp_path / "m", "off")), spec)  # in memory: fine

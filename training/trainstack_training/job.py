@@ -629,12 +629,7 @@ class JobContext:
 
     def _arrays(self, part: str, name: str) -> tuple[Any, Any]:
         self._no_shard(name)
-        from trainstack_training.data.rank import ShardTooLargeError
-
-        try:
-            return self.data.arrays(part)
-        except ShardTooLargeError as exc:
-            raise UserCodeError(f"your code failed: it used ctx.{name}, but {exc}") from None
+        return self.data.arrays(part, f"ctx.{name}")
 
     @property
     def x(self) -> Any:

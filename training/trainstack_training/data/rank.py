@@ -33,7 +33,8 @@ VAL_BATCH = 1024  # the smallest validation batch (the metrics do not depend on 
 
 
 class ShardTooLargeError(Exception):
-    """A job touched the in-memory arrays of a rank that streams (the sentence says why)."""
+    """A job asked for the in-memory arrays of a rank that streams (the sentence says why).
+    Raised in the user's code, it reaches them as their error (job.call_user)."""
 
 
 def in_memory_bytes(rows: int, n_features: int) -> int:
@@ -132,17 +133,18 @@ class RankData:
     def _where(self, part: str) -> str:
         return self.info.shard_dir(self.rank) if part == "train" else self.info.val_dir
 
-    def arrays(self, part: str) -> tuple[np.ndarray, np.ndarray]:
+    def arrays(self, part: str, name: str = "") -> tuple[np.ndarray, np.ndarray]:
         """The whole shard ("train") or validation set ("val") as arrays, read once; a rank
-        that streams refuses (ShardTooLargeError, one sentence)."""
+        that streams refuses (ShardTooLargeError, one sentence naming `name`, what asked)."""
         if self.streams:
             rows = self.info.shard_rows[self.rank] if part == "train" else self.info.val_rows
+            what = "this worker's whole shard" if part == "train" else "the validation set"
             raise ShardTooLargeError(
-                f"this rank streams its data ({self.choice.reason}), so the whole "
-                f"{'shard' if part == 'train' else 'validation set'} ({rows:,} rows x "
-                f"{self.info.n_features} features) is not held in memory: read it in batches "
-                "with ctx.batches(epoch) and ctx.val_batches() (docs/jobs.md), use more "
-                "workers, or set data_stream=off to hold it anyway"
+                f"{name or 'the arrays'} would hold {what} in memory ({rows:,} rows x "
+                f"{self.info.n_features} features), but this rank streams its data "
+                f"({self.choice.reason}): read it with ctx.batches(epoch) and "
+                "ctx.val_batches() (docs/jobs.md), use more workers, or set data_stream=off "
+                "to hold it anyway"
             )
         if part not in self._arrays:
             self._arrays[part] = load_arrays(self._where(part))

@@ -98,7 +98,7 @@ class NoRankData:
     def open(self) -> None:
         """Nothing to read."""
 
-    def arrays(self, part: str) -> tuple[Any, Any]:
+    def arrays(self, part: str, name: str = "") -> tuple[Any, Any]:
         import numpy as np
 
         return np.zeros((0, 0), np.float32), np.zeros((0,), np.float32)
@@ -294,6 +294,18 @@ class EpochHold:
         held = self.clock() - start
         self.say(f"hold released after epoch {epoch} after {held:.1f} s (worker {self.task_index})")
         return held
+
+
+def datasets_in_memory(ctx: JobContext, spec: JobSpec) -> None:
+    """A simple-mode job's `datasets(ctx)` transforms the whole shard in memory: refused, in
+    one sentence, on a rank that streams its data (docs/training.md, Streaming)."""
+    if spec.has_datasets and ctx.streams:
+        raise UserCodeError(
+            f"your code failed: datasets(ctx) in {spec.entry_file} transforms the whole shard "
+            f"in memory, but this rank streams its data ({ctx.data.choice.reason}); "
+            "transform the batches of ctx.batches(epoch) in a full-mode train(ctx), use "
+            "more workers, or set data_stream=off to hold the shard anyway"
+        )
 
 
 def check_datasets(arrays: Any, spec: JobSpec, rows: int) -> tuple[Any, Any]:

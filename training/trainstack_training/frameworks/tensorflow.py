@@ -32,6 +32,7 @@ from trainstack_training.frameworks.base import (
     append_row,
     call_train,
     check_datasets,
+    datasets_in_memory,
     peak_rss_mb,
 )
 from trainstack_training.job import JobContext, UserCodeError, call_user
@@ -113,7 +114,8 @@ class TensorFlowBackend(Backend):
         # same for any batch size; fewer steps cost less Python).
         val_batch = max(cfg.batch_size, VAL_BATCH)
         val_rows = run.info.val_rows
-        if ctx.streams and not spec.has_datasets:
+        datasets_in_memory(ctx, spec)
+        if ctx.streams:
             train_fn, val_fn = streamed_inputs(tf, ctx, cfg.workers, val_batch)
         else:
             x_train, y_train, x_val, y_val = ctx.x, ctx.y, ctx.x_val, ctx.y_val

@@ -32,6 +32,7 @@ from trainstack_training.frameworks.base import (
     WorkerResult,
     call_train,
     check_datasets,
+    datasets_in_memory,
     peak_rss_mb,
 )
 from trainstack_training.job import FSDP, JobContext, UserCodeError, call_user
@@ -183,6 +184,7 @@ def simple(run: RankRun, module: Any, ctx: JobContext, reporter: EpochReporter) 
     save."""
     torch, spec = ctx.torch, run.spec
     arrays: tuple[Any, Any, Any, Any] | None = None  # None: streamed (data/stream.py)
+    datasets_in_memory(ctx, spec)
     if spec.has_datasets:
         returned = call_user(spec, module.datasets, ctx)
         (x, y), (x_val, y_val) = check_datasets(returned, spec, len(ctx.x))
