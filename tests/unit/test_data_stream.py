@@ -161,6 +161,8 @@ def test_ctx_x_of_a_streaming_rank_is_one_sentence_not_an_oom(tmp_path: Path) ->
         "this rank streams its data (data_stream=on)"
     ), message
     assert "ctx.batches(epoch)" in message and "\n" not in message
+    # The labels alone are a fraction of it (4 bytes a row): there, read from their column.
+    assert (ctx.y == np.arange(2000)).all() and (ctx.y_val == np.arange(700)).all()
     spec = JobSpec(str(tmp_path), "m", "m.py", "full", has_datasets=False)
 
     def user_code(ctx: JobContext) -> object:

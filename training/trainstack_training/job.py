@@ -638,8 +638,10 @@ class JobContext:
 
     @property
     def y(self) -> Any:
-        """Its labels: int32 classes, or float32 targets for a regression."""
-        return self._arrays("train", "y")[1]
+        """Its labels: int32 classes, or float32 targets for a regression (there also when the
+        rank streams its data: the label column alone)."""
+        self._no_shard("y")
+        return self.data.labels("train")
 
     @property
     def x_val(self) -> Any:
@@ -648,7 +650,9 @@ class JobContext:
 
     @property
     def y_val(self) -> Any:
-        return self._arrays("val", "y_val")[1]
+        """The validation set's labels (there also when the rank streams its data)."""
+        self._no_shard("y_val")
+        return self.data.labels("val")
 
     @property
     def streams(self) -> bool:

@@ -21,7 +21,7 @@ import numpy as np
 
 from trainstack_training.data.info import DataInfo
 from trainstack_training.data.stage import load_arrays
-from trainstack_training.data.stream import ShardReader
+from trainstack_training.data.stream import ShardReader, read_labels
 from trainstack_training.memwatch import cgroup_of
 
 STREAM_MODES = ("auto", "on", "off")  # TrainConfig.data_stream
@@ -149,6 +149,17 @@ class RankData:
         if part not in self._arrays:
             self._arrays[part] = load_arrays(self._where(part))
         return self._arrays[part]
+
+    def labels(self, part: str) -> np.ndarray:
+        """The labels of the shard ("train") or the validation set ("val"), in row order: a
+        fraction of the arrays (4 bytes a row), so a rank that streams reads them too (the
+        label column alone), e.g. for a label's mean or its classes' weights."""
+        if not self.streams:
+            return self.arrays(part)[1]
+        key = f"{part}-labels"
+        if key not in self._arrays:
+            self._arrays[key] = (np.empty(0, np.float32), read_labels(self._where(part)))
+        return self._arrays[key][1]
 
     def reader(self, part: str) -> ShardReader:
         if part not in self._readers:

@@ -210,3 +210,17 @@ def unit_arrays(table: Any, pa: Any) -> tuple[np.ndarray, np.ndarray]:
     labels = column_values(table.column("label").combine_chunks())
     y = labels.astype(np.float32 if floats else np.int32, copy=False)
     return x.reshape(-1, width), y
+
+
+def read_labels(path: str) -> np.ndarray:
+    """The label column of a shard directory alone, in row order (int32 classes or float32
+    targets)."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    files = sorted(Path(path).glob("*.parquet"))
+    if not files:
+        raise DataError(f"shard {path!r} has no rows")
+    column = pq.read_table(files, columns=["label"]).column("label")
+    floats = pa.types.is_floating(column.type)
+    return column_values(column.combine_chunks()).astype(np.float32 if floats else np.int32)

@@ -103,6 +103,9 @@ class NoRankData:
 
         return np.zeros((0, 0), np.float32), np.zeros((0,), np.float32)
 
+    def labels(self, part: str) -> Any:
+        return self.arrays(part)[1]
+
     def batches(self, epoch: int, batch: int | None = None) -> Iterator[tuple[Any, Any]]:
         return iter(())
 
