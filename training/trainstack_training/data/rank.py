@@ -98,6 +98,7 @@ class RankData:
     choice: InputChoice
     start_epoch: int = 0  # the first epoch of this attempt's fit (a resume starts later)
     _arrays: dict[str, tuple[np.ndarray, np.ndarray]] = field(default_factory=dict)
+    _labels: dict[str, np.ndarray] = field(default_factory=dict)  # streamed: labels alone
     _readers: dict[str, ShardReader] = field(default_factory=dict)
 
     @classmethod
@@ -156,10 +157,9 @@ class RankData:
         label column alone), e.g. for a label's mean or its classes' weights."""
         if not self.streams:
             return self.arrays(part)[1]
-        key = f"{part}-labels"
-        if key not in self._arrays:
-            self._arrays[key] = (np.empty(0, np.float32), read_labels(self._where(part)))
-        return self._arrays[key][1]
+        if part not in self._labels:
+            self._labels[part] = read_labels(self._where(part))
+        return self._labels[part]
 
     def reader(self, part: str) -> ShardReader:
         if part not in self._readers:

@@ -71,7 +71,6 @@ class ShardReader:
         if not self.units:
             raise DataError(f"shard {path!r} has no rows")
         self.wait_seconds = 0.0
-        self.largest_unit = max(u.rows for u in self.units)
 
     def _read(self, unit: Unit) -> tuple[np.ndarray, np.ndarray]:
         import pyarrow as pa
@@ -96,12 +95,9 @@ class ShardReader:
                     break
             while pending:
                 future = pending.popleft()
-                if not future.done():
-                    start = time.perf_counter()
-                    arrays = future.result()
-                    self.wait_seconds += time.perf_counter() - start
-                else:
-                    arrays = future.result()
+                start = time.perf_counter()
+                arrays = future.result()  # a read that had not finished: the input wait
+                self.wait_seconds += time.perf_counter() - start
                 nxt = next(todo, None)
                 if nxt is not None:
                     pending.append(pool.submit(self._read, nxt))
@@ -162,21 +158,6 @@ class ShardReader:
             left_x, left_y = x[full * batch :], y[full * batch :]
         if left_x is not None and left_y is not None and len(left_x):
             yield left_x, left_y
-
-    def width(self) -> int:
-        """The number of features (from the first row group's first row)."""
-        import pyarrow.parquet as pq
-
-        unit = self.units[0]
-        table = pq.ParquetFile(unit.file).read_row_group(unit.index, columns=["features"])
-        return len(table.column("features")[0])
-
-    def label_is_float(self) -> bool:
-        import pyarrow as pa
-        import pyarrow.parquet as pq
-
-        schema = pq.read_schema(self.units[0].file)
-        return bool(pa.types.is_floating(schema.field("label").type))
 
 
 # Arrow's primitive types as NumPy's: read from the Arrow buffer itself (pyarrow's to_numpy
