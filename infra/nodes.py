@@ -76,6 +76,9 @@ class NodePaths:
     # The tracking server's SQLite stores (runs; its users), on the node's own disk (SQLite on
     # shared storage is unsafe): a volume of its own on the local stack's tracking node.
     mlflow_data_dir: str = f"{STATE_ROOT}/mlflow"
+    # The object store's data (roles/object_store: SeaweedFS's volumes and filer store), on
+    # the node's own disk: a volume of its own on the local stack's object store node.
+    object_store_data_dir: str = f"{STATE_ROOT}/objectstore"
     # The daemons' logs.
     log_dir: str = LOG_ROOT
     # Shared storage every node mounts (volumes on the local stack, the operator's mount on

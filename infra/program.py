@@ -18,6 +18,7 @@ from trainstack_training.config import DIGITS
 from infra import config as stack_config
 from infra import topology
 from infra.components.provisioning import Provisioning, ProvisioningArgs, tree_digest
+from infra.components.secret import derived_secret
 from infra.components.training import Training, TrainingArgs
 from infra.config.values import PROJECT_DIR
 from infra.jobs import JobDirError, envs, pack
@@ -174,6 +175,17 @@ def main() -> None:
         pulumi.export("mlflowUiUrl", cluster.tracking_url)
         # What `trainstack sync` and the declared job's sync need (infra.jobs.remote).
         pulumi.export("tracking", tracking)
+    if cluster.object_store_url is not None:
+        # The stack's S3 endpoint and its keys (docs/jobs.md, "Data on the object store").
+        pulumi.export("objectStoreUrl", cluster.object_store_url)
+        pulumi.export("objectStoreBucket", topology.OBJECT_STORE_BUCKET)
+        pulumi.export("objectStoreAccessKey", topology.OBJECT_STORE_ACCESS_KEY)
+        pulumi.export(
+            "objectStoreSecretKey",
+            pulumi.Output.secret(
+                cluster.spark_auth_secret.apply(lambda s: derived_secret(s, "object-store"))
+            ),
+        )
     pulumi.export("nodes", cluster.nodes)
     if cluster.network_name is not None:
         pulumi.export("network", cluster.network_name)

@@ -22,11 +22,20 @@ PUSHGATEWAY_PORT = 9091
 # The MLflow tracking server's port on its node (the mlflow role's mlflow_port, through the
 # inventory's trainstack_tracking_port).
 MLFLOW_PORT = 5000
+# The object store's S3 endpoint on its node (roles/object_store's object_store_port, through
+# the inventory's trainstack_object_store_port).
+OBJECT_STORE_PORT = 8333
+# Its access key id (not a secret: the secret key is derived from the cluster secret,
+# infra.components.secret.derived_secret), and the bucket it starts with.
+OBJECT_STORE_ACCESS_KEY = "trainstack"
+OBJECT_STORE_BUCKET = "trainstack"
 MONITORING_ROLE = "monitoring"
 # The node of the MLflow tracking server (roles/mlflow): the first control node, on every
 # target; not a role a server of the ssh target lists.
 TRACKING_ROLE = "tracking"
-GROUPS = ("control", "workers", *ROLES, TRACKING_ROLE)
+# The node of the object store (roles/object_store): the first control node, as tracking's.
+OBJECT_STORE_ROLE = "object_store"
+GROUPS = ("control", "workers", *ROLES, TRACKING_ROLE, OBJECT_STORE_ROLE)
 
 # Where each volume is mounted: the node layout (infra/nodes.py), which the inventory hands the
 # roles (docs/provisioning.md is the contract).
@@ -34,6 +43,7 @@ SHARED_MOUNTS = NODE_PATHS.shared_dirs
 ZOOKEEPER_MOUNT = NODE_PATHS.zookeeper_data_dir
 SPARK_RECOVERY_MOUNT = NODE_PATHS.spark_recovery_dir
 TRACKING_MOUNT = NODE_PATHS.mlflow_data_dir
+OBJECT_STORE_MOUNT = NODE_PATHS.object_store_data_dir
 
 LABEL_PROJECT = "org.trainstack.project"
 LABEL_STACK = "org.trainstack.stack"
@@ -58,6 +68,7 @@ class NodeSpec:
     ui_port: int | None = None  # host port for the Spark master UI; 0: the engine picks
     monitoring_port: int | None = None  # host port for Prometheus's UI; 0: the engine picks
     tracking_port: int | None = None  # host port for the MLflow UI; 0: the engine picks
+    object_store_port: int | None = None  # host port for the S3 endpoint; 0: the engine picks
     volumes: dict[str, str] = field(default_factory=dict)  # volume suffix -> mount path
     # GPUs: how many its Spark worker must find (0: no GPU scheduling, nothing in its
     # config), and the docker target's container `gpus` ("" = none, "all", "device=0,1").
@@ -75,6 +86,10 @@ class NodeSpec:
     @property
     def is_tracking(self) -> bool:
         return TRACKING_ROLE in self.roles
+
+    @property
+    def is_object_store(self) -> bool:
+        return OBJECT_STORE_ROLE in self.roles
 
 
 def plan(config: StackConfig) -> list[NodeSpec]:
@@ -97,6 +112,12 @@ def plan(config: StackConfig) -> list[NodeSpec]:
         if tracking:
             roles += (TRACKING_ROLE,)
             volumes[f"mlflow-control-{i}"] = TRACKING_MOUNT
+        # The object store too; its data gets a volume of its own, which outlives a replaced
+        # container and goes with `pulumi destroy` (unless trainstack:retainData).
+        object_store = config.object_store and i == 1
+        if object_store:
+            roles += (OBJECT_STORE_ROLE,)
+            volumes[f"objectstore-control-{i}"] = OBJECT_STORE_MOUNT
         nodes.append(
             NodeSpec(
                 key=f"control-{i}",
@@ -110,6 +131,7 @@ def plan(config: StackConfig) -> list[NodeSpec]:
                 else None,
                 monitoring_port=config.monitoring_host_port if monitoring else None,
                 tracking_port=config.tracking_host_port if tracking else None,
+                object_store_port=config.object_store_host_port if object_store else None,
                 volumes=volumes,
             )
         )
@@ -135,18 +157,21 @@ def server_plan(config: StackConfig, servers: Sequence[Server]) -> list[NodeSpec
     `memory` are the config's per group (only the docker target enforces them)."""
     nodes: list[NodeSpec] = []
     zookeeper_id = 0
-    # The tracking server on the first control server, as on the docker target.
+    # The tracking server and the object store on the first control server, as on the docker
+    # target.
     tracker = next((s.name for s in servers if s.group == "control"), None)
     for server in servers:
         if "zookeeper" in server.roles:
             zookeeper_id += 1
         control = server.group == "control"
-        tracking = config.tracking and server.name == tracker
+        first = server.name == tracker
+        extra: tuple[str, ...] = (TRACKING_ROLE,) if config.tracking and first else ()
+        extra += (OBJECT_STORE_ROLE,) if config.object_store and first else ()
         nodes.append(
             NodeSpec(
                 key=server.name,
                 group=server.group,
-                roles=(*server.roles, TRACKING_ROLE) if tracking else server.roles,
+                roles=(*server.roles, *extra),
                 cpus=config.control_cpus if control else config.worker_cpus,
                 memory=config.control_memory if control else config.worker_memory,
                 zookeeper_id=zookeeper_id if "zookeeper" in server.roles else None,
@@ -230,6 +255,28 @@ def tracking_vars(nodes: list[NodeSpec], reach: Mapping[str, str] | None = None)
     }
 
 
+def object_store_node(nodes: list[NodeSpec]) -> NodeSpec | None:
+    return next((n for n in nodes if n.is_object_store), None)
+
+
+def object_store_vars(nodes: list[NodeSpec], reach: Mapping[str, str] | None = None) -> dict:
+    """Inventory variables of the object store (roles/object_store) and of s3a on every node
+    (the spark role): the S3 endpoint on the cluster network. Its keys are not here: the
+    secret one is derived from the cluster secret (playbooks/group_vars/all.yml,
+    `object_store_secret_key`), never written to an inventory."""
+    node = object_store_node(nodes)
+    if node is None:
+        return {"trainstack_object_store_enabled": False}
+    address = (reach or {}).get(node.key, node.key)
+    return {
+        "trainstack_object_store_enabled": True,
+        "trainstack_object_store_port": OBJECT_STORE_PORT,
+        "trainstack_object_store_access_key": OBJECT_STORE_ACCESS_KEY,
+        "trainstack_object_store_bucket": OBJECT_STORE_BUCKET,
+        "trainstack_s3_endpoint": f"http://{address}:{OBJECT_STORE_PORT}",
+    }
+
+
 def labels(project: str, prefix: str, **extra: str) -> dict[str, str]:
     return {LABEL_PROJECT: project, LABEL_STACK: prefix, LABEL_MANAGED_BY: MANAGED_BY, **extra}
 
@@ -300,6 +347,7 @@ def inventory(
         all_vars["trainstack_shared_storage_check"] = True
     all_vars.update(monitoring_vars(config, nodes, reach))
     all_vars.update(tracking_vars(nodes, reach))
+    all_vars.update(object_store_vars(nodes, reach))
     if node_image:
         # The nodes start from this baked image: every install is already done.
         all_vars["trainstack_node_image"] = node_image

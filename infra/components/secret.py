@@ -6,6 +6,7 @@ here (docs/provisioning.md), and this is the whole of what the stack needs from 
 
 from __future__ import annotations
 
+import hashlib
 import secrets
 from typing import Any
 
@@ -56,3 +57,11 @@ def cluster_secret(rotate: str, parent: pulumi.Resource) -> RandomSecret:
         keepers={"rotate": rotate} if rotate else {},
         opts=pulumi.ResourceOptions(parent=parent),
     )
+
+
+def derived_secret(cluster: str, purpose: str) -> str:
+    """A service's secret derived from the cluster secret, rotated with it: the SHA-256 (hex)
+    of `<cluster secret>:<purpose>`. playbooks/group_vars/all.yml derives the same with
+    Ansible's `hash('sha256')` (e.g. purpose "object-store": the object store's secret key,
+    which the stack also exports as the secret output objectStoreSecretKey)."""
+    return hashlib.sha256(f"{cluster}:{purpose}".encode()).hexdigest()

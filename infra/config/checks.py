@@ -244,6 +244,26 @@ def _tracking_port(c: StackValues) -> str | None:
     return said
 
 
+def _object_store_port(c: StackValues) -> str | None:
+    """The object store's S3 port: as the other UIs', and none of theirs."""
+    if not c.object_store:
+        return None
+    said = _published_port("object_store_port", 1030)(c)
+    if said is not None or not c.object_store_host_port:
+        return said
+    taken = {
+        "monitoring_port": c.monitoring_host_port if c.monitoring else 0,
+        "tracking_port": c.tracking_host_port if c.tracking else 0,
+    }
+    for attr, port in taken.items():
+        if port == c.object_store_host_port:
+            return (
+                f"{_key('object_store_port')}: {port} is already {_key(attr)}'s port; "
+                "choose another port"
+            )
+    return None
+
+
 def _target(c: StackValues) -> str | None:
     if c.target == "ssh" and not c.servers:
         return (
@@ -361,6 +381,7 @@ CHECKS: list[Callable[[StackValues], str | None]] = [
     _masters_fit,
     _size_check("control_memory"),
     _size_check("tracking_memory"),
+    _size_check("object_store_memory"),
     _size_check("worker_memory"),
     _size_check("worker_spark_memory"),
     _spark_memory_fits,
@@ -383,6 +404,7 @@ CHECKS: list[Callable[[StackValues], str | None]] = [
     _duration_check("monitoring_alert_for", 0),
     _duration_check("monitoring_progress_timeout", 60),
     _tracking_port,
+    _object_store_port,
     _runner_keep_alive,
     _target,
     _server_list,

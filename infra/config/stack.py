@@ -17,6 +17,9 @@ from infra.config.values import PROJECT_DIR, parse_duration, parse_size
 MONITORING_PORT_OFFSET = 1010
 # trainstack:trackingPort -1 (the default) puts the MLflow UI at uiPortBase + this: 19100.
 TRACKING_PORT_OFFSET = 1020
+# trainstack:objectStorePort -1 (the default) puts the object store's S3 endpoint at
+# uiPortBase + this: 19110.
+OBJECT_STORE_PORT_OFFSET = 1030
 
 
 @dataclass(frozen=True)
@@ -85,6 +88,13 @@ class StackValues:
     tracking_port: int = -1  # -1: uiPortBase + 1020 (19100), or 0 when uiPortBase is 0
     # What the tracking server (about 600 MiB resident) and its sync add to their node's limit.
     tracking_memory: str = "1g"
+    # The object store (docs/jobs.md, "Data on the object store"): SeaweedFS's S3 gateway on
+    # the first control node, its data on a volume of its own, s3a:// on every node.
+    object_store: bool = True
+    object_store_port: int = -1  # -1: uiPortBase + 1030 (19110), or 0 when uiPortBase is 0
+    # What the object store (about 130 MiB resident idle, more while it takes uploads) adds
+    # to its node's limit.
+    object_store_memory: str = "512m"
     # Targets (docs/targets.md): only docker is selectable.
     target: str = "docker"
     servers: tuple[Server, ...] = ()  # the ssh target's server list
@@ -116,6 +126,10 @@ class StackValues:
         return parse_size(self.tracking_memory)
 
     @property
+    def object_store_memory_bytes(self) -> int:
+        return parse_size(self.object_store_memory)
+
+    @property
     def worker_memory_bytes(self) -> int:
         return parse_size(self.worker_memory)
 
@@ -134,6 +148,13 @@ class StackValues:
         if self.tracking_port != -1:
             return self.tracking_port
         return self.ui_port_base + TRACKING_PORT_OFFSET if self.ui_port_base else 0
+
+    @property
+    def object_store_host_port(self) -> int:
+        """Host port of the object store's S3 endpoint: as set, or next to the Spark UIs'."""
+        if self.object_store_port != -1:
+            return self.object_store_port
+        return self.ui_port_base + OBJECT_STORE_PORT_OFFSET if self.ui_port_base else 0
 
     @property
     def monitoring_progress_timeout_seconds(self) -> int:

@@ -6,6 +6,8 @@
     trainstack [-s STACK] cancel JOB_ID
     trainstack [-s STACK] list [--metric NAME] [--json]
     trainstack [-s STACK] sync [JOB_ID]
+    trainstack [-s STACK] data put SRC s3://BUCKET/PREFIX
+    trainstack [-s STACK] data ls [s3://BUCKET/PREFIX]
 
 The stack is picked as Pulumi picks it: `--stack`/`-s`, or the selected stack. Everything goes
 over the stack's own transports (`docker exec` on the local stack, SSH on the ssh target):
@@ -13,8 +15,12 @@ no new port. Job records live on the cluster's shared storage beside the runs
 (`<models dir>/<job id>/job.json`, `NODE_PATHS.models_dir` of infra/nodes.py), so any node,
 and any machine with the stack, sees the same jobs.
 
+`data` uploads to and lists the stack's object store (infra.jobs.objectstore), from this
+machine, at the port the stack publishes for it.
+
 Exit codes: 0 done; 1 the job failed or was cancelled (`status`, `logs -f`); 2 bad input (a bad
-job directory, an unknown job); 3 the stack or its nodes cannot be reached.
+job directory, an unknown job, a missing file or bucket); 3 the stack, its nodes or its object
+store cannot be reached (or refuse its keys).
 """
 
 from __future__ import annotations
@@ -35,6 +41,7 @@ from infra.jobs.commands import (
     follow_logs,
     stack_outputs,
 )
+from infra.jobs.objectstore import data_command
 from infra.jobs.show import print_list, print_status, shown_state
 from infra.transport import TransportError
 
@@ -57,6 +64,8 @@ def _data(value: str) -> str:
     from trainstack_training.config import OWN_DATA
     from trainstack_training.job import DATA_SCHEMES, read_where_it_is
 
+    if value.startswith("s3://"):  # the object store's data, as the nodes' Spark reads it
+        value = "s3a://" + value.removeprefix("s3://")
     if read_where_it_is(value):
         return value
     if value == OWN_DATA:
@@ -113,10 +122,19 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--json", action="store_true")
     p = sub.add_parser("sync", help="sync the job's MLflow run now (default: every job's)")
     p.add_argument("job_id", nargs="?", default="")
+    p = sub.add_parser("data", help="the stack's object store: upload (put) and list (ls)")
+    data = p.add_subparsers(dest="action", required=True)
+    p = data.add_parser("put", help="upload a file, or a directory's files, to the store")
+    p.add_argument("src", help="a local file or directory")
+    p.add_argument("url", metavar="dest", help="s3://BUCKET/PREFIX (or s3a://)")
+    p = data.add_parser("ls", help="the objects under a URL with their sizes (s3:// = buckets)")
+    p.add_argument("url", nargs="?", help="default: the stack's bucket, s3://trainstack/")
     return parser
 
 
 def run(args: argparse.Namespace) -> int:
+    if args.command == "data":
+        return data_command(args.stack, args.action, getattr(args, "src", ""), args.url)
     jobs = Jobs(stack_outputs(args.stack))
     if args.command == "submit":
         overrides: dict[str, Any] = {"epochs": args.epochs} if args.epochs else {}

@@ -63,6 +63,12 @@ class ClusterOutputs(Protocol):
         the ssh target; None when trainstack:tracking is off."""
 
     @property
+    def object_store_url(self) -> pulumi.Output[str] | None:
+        """The object store's S3 endpoint as the operator reaches it (the `objectStoreUrl`
+        output): the published port on the docker target, the server's cluster address on the
+        ssh target; None when trainstack:objectStore is off."""
+
+    @property
     def spark_auth_secret(self) -> pulumi.Output[str]:
         """The cluster secret (`components.secret.cluster_secret`), for provisioning."""
 

@@ -25,6 +25,7 @@ from infra.topology import (
     LABEL_NODE,
     LABEL_ROLES,
     MLFLOW_PORT,
+    OBJECT_STORE_PORT,
     PROMETHEUS_PORT,
     SPARK_MASTER_UI_PORT,
     NodeSpec,
@@ -48,6 +49,7 @@ def preflight(config: StackConfig, prefix: str, plan: list[NodeSpec]) -> str:
         ("ui_port", "Spark UI", "trainstack:uiPortBase"),
         ("monitoring_port", "Prometheus UI", "trainstack:monitoringPort"),
         ("tracking_port", "MLflow UI", "trainstack:trackingPort"),
+        ("object_store_port", "object store", "trainstack:objectStorePort"),
     )
     for attr, what, key in published:
         engine.check_ports_free(
@@ -130,6 +132,7 @@ class DockerCluster(pulumi.ComponentResource):
     ui_urls: pulumi.Output[dict[str, str]]
     monitoring_url: pulumi.Output[str] | None
     tracking_url: pulumi.Output[str] | None
+    object_store_url: pulumi.Output[str] | None
     spark_auth_secret: pulumi.Output[str]
     secret_id: pulumi.Output[str]
     submit_candidates: list[dict]
@@ -186,7 +189,8 @@ class DockerCluster(pulumi.ComponentResource):
                         if spec.group == "control"
                         else config.worker_memory_bytes
                     )
-                    + (config.tracking_memory_bytes if spec.is_tracking else 0),
+                    + (config.tracking_memory_bytes if spec.is_tracking else 0)
+                    + (config.object_store_memory_bytes if spec.is_object_store else 0),
                     bind_address=config.bind_address,
                     shared_volumes=shared,
                     retain_data=config.retain_data,
@@ -220,6 +224,7 @@ class DockerCluster(pulumi.ComponentResource):
 
         self.monitoring_url = published(topology.monitoring_node(plan), "monitoring_port")
         self.tracking_url = published(topology.tracking_node(plan), "tracking_port")
+        self.object_store_url = published(topology.object_store_node(plan), "object_store_port")
         self.nodes = pulumi.Output.all(addresses, container_ids).apply(
             lambda ac: [
                 {
@@ -293,6 +298,7 @@ class Node(pulumi.ComponentResource):
     ui_port: pulumi.Output[int | None]
     monitoring_port: pulumi.Output[int | None]
     tracking_port: pulumi.Output[int | None]
+    object_store_port: pulumi.Output[int | None]
 
     def __init__(
         self, name: str, args: NodeArgs, opts: pulumi.ResourceOptions | None = None
@@ -318,11 +324,13 @@ class Node(pulumi.ComponentResource):
             mounts.append(
                 docker.ContainerMountArgs(type="volume", source=volume.name, target=target)
             )
-        # Published ports: the master UI, Prometheus's and MLflow's, on the nodes that have them.
+        # Published ports: the master UI, Prometheus's, MLflow's and the object store's S3
+        # endpoint, on the nodes that have them.
         published = {
             SPARK_MASTER_UI_PORT: spec.ui_port,
             PROMETHEUS_PORT: spec.monitoring_port,
             MLFLOW_PORT: spec.tracking_port,
+            OBJECT_STORE_PORT: spec.object_store_port,
         }
         # In the order of the internal port: the provider reads them back sorted, and any other
         # order is a diff that replaces the container on every `up`.
@@ -364,6 +372,7 @@ class Node(pulumi.ComponentResource):
         self.ui_port = container.ports.apply(lambda ps: _host_port(ps, SPARK_MASTER_UI_PORT))
         self.monitoring_port = container.ports.apply(lambda ps: _host_port(ps, PROMETHEUS_PORT))
         self.tracking_port = container.ports.apply(lambda ps: _host_port(ps, MLFLOW_PORT))
+        self.object_store_port = container.ports.apply(lambda ps: _host_port(ps, OBJECT_STORE_PORT))
         self.register_outputs(
             {"container_id": self.container_id, "address": self.address, "ui_port": self.ui_port}
         )

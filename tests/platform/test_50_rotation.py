@@ -13,6 +13,7 @@ restarted must take over.
 
 from __future__ import annotations
 
+import json
 import threading
 import time
 from collections.abc import Iterator
@@ -260,3 +261,55 @@ def test_rotation_reaches_every_service(platform, rotation):
     )
     assert len(latches) == len(masters), latches
     assert leaks(stack, outputs, {**new, **{f"old {k}": v for k, v in old.items()}}) == []
+
+
+def _s3_listing(url: str, access_key: str, secret_key: str, bucket: str) -> str:
+    """List the bucket through the published endpoint: "ok", or the client's one-line error."""
+    from pyarrow import fs
+
+    host = url.removeprefix("http://").rstrip("/")
+    s3 = fs.S3FileSystem(
+        access_key=access_key,
+        secret_key=secret_key,
+        endpoint_override=host,
+        scheme="http",
+        region="us-east-1",
+        force_virtual_addressing=False,
+        retry_strategy=fs.AwsStandardS3RetryStrategy(max_attempts=1),
+    )
+    try:
+        s3.get_file_info(fs.FileSelector(bucket, recursive=False))
+    except OSError as exc:
+        return str(exc).splitlines()[0]
+    return "ok"
+
+
+def test_rotation_reaches_the_object_store(platform, rotation):
+    """The store's secret key is derived from the cluster secret: after the rotation the
+    stack's secret output has the new one, which the store takes, and the old one is refused
+    (the store restarted with its new identities file)."""
+    from infra.components.secret import derived_secret
+
+    outputs = json.loads(platform.stack.run("stack", "output", "--json", "--show-secrets").stdout)
+    url, bucket = outputs["objectStoreUrl"], outputs["objectStoreBucket"]
+    access = outputs["objectStoreAccessKey"]
+    old_key = derived_secret(rotation.old["spark secret"], "object-store")
+    assert outputs["objectStoreSecretKey"] == derived_secret(
+        rotation.new["spark secret"], "object-store"
+    )
+    assert outputs["objectStoreSecretKey"] != old_key
+    new = wait_until(
+        "the object store takes the new key",
+        lambda: (
+            (r := _s3_listing(url, access, outputs["objectStoreSecretKey"], bucket)) == "ok" and r
+        ),
+        timeout=60,
+        every=2,
+    )
+    assert new == "ok"
+    refused = _s3_listing(url, access, old_key, bucket)
+    assert refused != "ok", "the old object store key still works after the rotation"
+    assert "403" in refused or "AccessDenied" in refused or "Signature" in refused, refused
+    # Neither key in a process's arguments, a log, the job files or the Pulumi state.
+    keys = {"object store key": outputs["objectStoreSecretKey"], "old object store key": old_key}
+    assert leaks(platform.stack, platform.outputs(), keys) == []

@@ -289,13 +289,14 @@ def test_unreachable_path_and_url(spark: Any, tmp_path: Path) -> None:
         prepare(lambda: spark, _cfg(tmp_path, data="/nonexistent/x.parquet"), tmp_path / "d")
     with pytest.raises(DataError, match=r"data URL 'http://127.0.0.1:9/x.csv' is unreachable"):
         prepare(lambda: spark, _cfg(tmp_path, data="http://127.0.0.1:9/x.csv"), tmp_path / "d")
-    # s3a:// without Hadoop's S3A jars (the stack's nodes have none yet): one sentence, not
+    # s3a:// on a node without Hadoop's S3A jars (spark_s3a_enabled off): one sentence, not
     # Spark's "An error occurred while calling o554.parquet" and a Java trace.
     with pytest.raises(DataError) as raised:
         prepare(lambda: spark, _cfg(tmp_path, data="s3a://bucket/x.parquet"), tmp_path / "d")
     assert str(raised.value).startswith(
-        "cannot read 's3a://bucket/x.parquet': this cluster cannot read s3a:// yet"
+        "cannot read 's3a://bucket/x.parquet': this node's Spark has no S3A filesystem"
     ), raised.value
+    assert "spark_s3a_enabled" in str(raised.value) and "\n" not in str(raised.value)
 
 
 def test_shard_smaller_than_batch(spark: Any, tmp_path: Path) -> None:

@@ -171,7 +171,7 @@ def test_instances_per_role_with_sizes_disks_and_the_debian_image(mocks):
         assert inputs["tags"]["Name"] == f"trainstack-unit-{name}"
     assert instances["worker-2"]["tags"]["trainstack:roles"] == "spark_worker,tensorflow"
     assert instances["control-1"]["tags"]["trainstack:roles"] == (
-        "zookeeper,spark_master,monitoring,tracking"
+        "zookeeper,spark_master,monitoring,tracking,object_store"
     )
     volumes = {r.name: r.inputs for r in mocks.of_type("volume")}
     assert sorted(volumes) == sorted(f"{n}-data" for n in instances)

@@ -90,6 +90,7 @@ def test_default_stack_declares_network_storage_and_five_servers(mocks):
                 "trainstack-unit-spark-recovery-control-1",
                 "trainstack-unit-spark-recovery-control-2",
                 "trainstack-unit-mlflow-control-1",
+                "trainstack-unit-objectstore-control-1",
             ]
         )
 
@@ -115,11 +116,12 @@ def test_containers_carry_labels_limits_hostnames_and_network(mocks):
         assert labels(worker)[LABEL_MANAGED_BY] == MANAGED_BY
         assert labels(worker)[LABEL_ROLES] == "spark_worker,tensorflow"
         assert labels(by_host["control-1"])[LABEL_ROLES] == (
-            "zookeeper,spark_master,monitoring,tracking"
+            "zookeeper,spark_master,monitoring,tracking,object_store"
         )
         assert labels(by_host["control-2"])[LABEL_ROLES] == "zookeeper,spark_master"
-        # controlMemory, plus trackingMemory on the tracking node (the MLflow server).
-        assert by_host["control-1"]["memory"] == 2048
+        # controlMemory, plus trackingMemory on the tracking node (the MLflow server) and
+        # objectStoreMemory on the object store's (the same node).
+        assert by_host["control-1"]["memory"] == 2048 + 512
         assert by_host["control-2"]["memory"] == 1024
         targets = {m["target"] for m in worker["mounts"]}
         assert {"/srv/trainstack/data", "/srv/trainstack/checkpoints"} <= targets
@@ -161,11 +163,13 @@ def test_only_master_uis_are_published_and_on_loopback(mocks):
         }
         assert set(published) == {"control-1", "control-2"}
         # control-1 also publishes Prometheus's UI (the monitoring node, docs/monitoring.md)
-        # and MLflow's (the tracking node), in the order the provider reads them back (by the
-        # internal port; another order is a diff that replaces the container every `up`).
+        # MLflow's (the tracking node) and the object store's S3 endpoint, in the order the
+        # provider reads them back (by the internal port; another order is a diff that
+        # replaces the container every `up`).
         assert [(p["internal"], p["ip"]) for p in published["control-1"]] == [
             (5000, "127.0.0.1"),
             (8080, "127.0.0.1"),
+            (8333, "127.0.0.1"),
             (9090, "127.0.0.1"),
         ]
         assert [(p["internal"], p["ip"]) for p in published["control-2"]] == [(8080, "127.0.0.1")]
@@ -195,7 +199,7 @@ def test_monitoring_off_publishes_no_prometheus_port(mocks):
 
     def check(_):
         ports = [p for c in mocks.of_type(CONTAINER) for p in c.inputs.get("ports") or []]
-        assert all(p["internal"] in (8080, 5000) for p in ports)
+        assert all(p["internal"] in (8080, 5000, 8333) for p in ports)
         assert any(p["internal"] == 5000 for p in ports)  # tracking stays on
 
     return cluster.nodes.apply(check)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 from dataclasses import replace
 
 import pulumi
@@ -296,6 +297,7 @@ def docker_cluster_urns(workers: int) -> list[str]:
         *(f"{NODE}$docker:index/volume:Volume::zookeeper-control-{i}" for i in (1, 2, 3)),
         *(f"{NODE}$docker:index/volume:Volume::spark-recovery-control-{i}" for i in (1, 2)),
         f"{NODE}$docker:index/volume:Volume::mlflow-control-1",
+        f"{NODE}$docker:index/volume:Volume::objectstore-control-1",
     ]
 
 
@@ -320,10 +322,23 @@ PROGRAM_URNS = {
 DOCKER_OUTPUTS = ["inventory", "network", "nodeImage", "nodes", "sparkMasterUrl", "sparkUiUrls"]
 JOB_OUTPUTS = ["jobDefaults", "jobNodes", "training"]
 TRACKING = ["mlflowUiUrl", "tracking"]
+OBJECT_STORE = [
+    "objectStoreUrl",
+    "objectStoreBucket",
+    "objectStoreAccessKey",
+    "objectStoreSecretKey",
+]
 PROGRAM_OUTPUTS = {
-    "docker": [*DOCKER_OUTPUTS, "monitoringUrl", *TRACKING, "provisioning", *JOB_OUTPUTS],
-    "docker-unbaked": [*DOCKER_OUTPUTS, *TRACKING, "provisioning"],
-    "docker-bare": [*DOCKER_OUTPUTS, "monitoringUrl", *TRACKING],
+    "docker": [
+        *DOCKER_OUTPUTS,
+        "monitoringUrl",
+        *TRACKING,
+        *OBJECT_STORE,
+        "provisioning",
+        *JOB_OUTPUTS,
+    ],
+    "docker-unbaked": [*DOCKER_OUTPUTS, *TRACKING, *OBJECT_STORE, "provisioning"],
+    "docker-bare": [*DOCKER_OUTPUTS, "monitoringUrl", *TRACKING, *OBJECT_STORE],
     "ssh": [
         "inventory",
         "nodes",
@@ -331,6 +346,7 @@ PROGRAM_OUTPUTS = {
         "sparkUiUrls",
         "monitoringUrl",
         *TRACKING,
+        *OBJECT_STORE,
         "provisioning",
         *JOB_OUTPUTS,
     ],
@@ -357,6 +373,16 @@ def test_docker_program_outputs(monkeypatch, tmp_path):
     }
     assert out["monitoringUrl"] == "http://127.0.0.1:19090"
     assert out["mlflowUiUrl"] == "http://127.0.0.1:19100"
+    # The object store's S3 endpoint, published on loopback, and its keys (the secret one
+    # derived from the cluster secret, as playbooks/group_vars/all.yml derives it).
+    assert out["objectStoreUrl"] == "http://127.0.0.1:19110"
+    assert out["objectStoreBucket"] == "trainstack"
+    assert out["objectStoreAccessKey"] == "trainstack"
+    assert re.fullmatch(r"[0-9a-f]{64}", out["objectStoreSecretKey"])
+    all_vars = out["inventory"]["all"]["vars"]
+    assert all_vars["trainstack_s3_endpoint"] == "http://control-1:8333"
+    assert out["inventory"]["all"]["children"]["object_store"]["hosts"] == {"control-1": {}}
+    assert not any("secret" in k for k in all_vars if k.startswith("trainstack_object_store"))
     assert out["network"] == "trainstack-unit-net"
     assert out["nodeImage"]["tag"].startswith("trainstack-node:")
     assert out["nodes"][3] == {
@@ -426,9 +452,11 @@ def test_ssh_program_outputs(monkeypatch, tmp_path):
     assert out["inventory"]["all"]["children"]["tracking"]["hosts"] == {"zk-a": {}}
     assert out["tracking"]["node"]["transport"] == "ssh"
     assert out["tracking"]["node"]["host"] == "192.0.2.10"
+    # The object store beside it, at the same address (reached there or through `ssh -L`).
+    assert out["objectStoreUrl"] == "http://192.0.2.10:8333"
     assert out["nodes"][0] == {
         "name": "zk-a",
-        "roles": ["zookeeper", "spark_master", "monitoring", "tracking"],
+        "roles": ["zookeeper", "spark_master", "monitoring", "tracking", "object_store"],
         "address": "192.0.2.10",
         "facts": {"os": "Debian GNU/Linux 12", "cores": 4},
     }

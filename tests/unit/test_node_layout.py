@@ -215,6 +215,7 @@ def test_the_python_users_read_the_layout():
         NODE_PATHS.zookeeper_data_dir,
         NODE_PATHS.spark_recovery_dir,
         NODE_PATHS.mlflow_data_dir,
+        NODE_PATHS.object_store_data_dir,
     }
 
 

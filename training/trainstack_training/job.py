@@ -70,7 +70,7 @@ FRAMEWORKS = (TENSORFLOW, TORCH)
 DDP, FSDP = "ddp", "fsdp"
 TORCH_STRATEGIES = (DDP, FSDP)
 # Data locations the cluster reads itself: a URL of these schemes or an absolute path.
-DATA_SCHEMES = ("http://", "https://", "file://", "hdfs://", "s3a://")
+DATA_SCHEMES = ("http://", "https://", "file://", "hdfs://", "s3a://", "s3://")
 # A rank with no finished batch, epoch or ctx.report for this long fails (watchdog.py).
 DEFAULT_PROGRESS_TIMEOUT = 600.0
 _TOP_KEYS = ("job", "params")

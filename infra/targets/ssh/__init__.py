@@ -162,6 +162,7 @@ class SshCluster(pulumi.ComponentResource):
     ui_urls: pulumi.Output[dict[str, str]]
     monitoring_url: pulumi.Output[str] | None
     tracking_url: pulumi.Output[str] | None
+    object_store_url: pulumi.Output[str] | None
     spark_auth_secret: pulumi.Output[str]
     secret_id: pulumi.Output[str]
     submit_candidates: list[dict]
@@ -260,6 +261,9 @@ class SshCluster(pulumi.ComponentResource):
         self.tracking_url = (
             pulumi.Output.from_input(tracking_uri) if tracking_uri is not None else None
         )
+        # The object store's S3 endpoint, at the same address: what s3a on the nodes uses.
+        store = topology.object_store_vars(plan, reach).get("trainstack_s3_endpoint")
+        self.object_store_url = pulumi.Output.from_input(store) if store else None
         self.nodes = last_read.apply(
             lambda f: [
                 {

@@ -26,7 +26,7 @@ class DataInfo:
     val_rows: int
     total_rows: int
     seconds: float
-    # "arrow": read with pyarrow and split in the driver, no Spark (small local Parquet
+    # "arrow": read with pyarrow and split in the driver, no Spark (small Parquet
     # sets); "driver": one Spark read job, then prepared in the driver (other small inputs);
     # "spark": the distributed Spark stage (an aggregation job and the partitioned writes).
     path: str = "spark"

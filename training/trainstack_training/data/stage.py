@@ -1,8 +1,9 @@
 """The data stage: read, validate, normalise, split and shard a data set.
 
-Large sets go through a distributed Spark stage. Small local Parquet sets are read with
-pyarrow and split in numpy with Spark's own hash, reproduced bit for bit (`spark_xxhash64`),
-so the job does not start Spark SQL for them; small sets of other kinds are read by one Spark
+Large sets go through a distributed Spark stage. Small Parquet sets, local or on an object
+store (s3a://, with the S3A settings of Spark's conf), are read with pyarrow and split in numpy
+with Spark's own hash, reproduced bit for bit (`spark_xxhash64`), so the job does not start
+Spark SQL for them; small sets of other kinds are read by one Spark
 job and prepared in the driver. Every path gives the same shards.
 
 The labels are int32 class indices for a classification and float32 values for a regression
@@ -13,7 +14,8 @@ from __future__ import annotations
 
 import shutil
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -22,12 +24,21 @@ import numpy as np
 from trainstack_training.config import CLASSIFICATION, DIGITS, TrainConfig
 from trainstack_training.data.info import DataError, DataInfo
 from trainstack_training.data.sources import (
+    S3A_CONF,
     _is_local,
+    _java_cause,
     _local_path,
     _spark_uri,
+    _store_failure,
     check_files,
+    check_store,
+    is_s3,
+    parquet_schema,
     read_source,
     resolve_source,
+    s3_filesystem_options,
+    s3_path,
+    storage_error,
 )
 from trainstack_training.data.stream import ROW_GROUP_BYTES, row_group_rows, unit_arrays
 from trainstack_training.data.task import check_labels, infer_task, non_numeric_label
@@ -35,16 +46,49 @@ from trainstack_training.data.xxhash import _HASHED_TYPES, spark_xxhash64
 
 if TYPE_CHECKING:
     import pyarrow as pa
+    from pyarrow import fs as pafs
     from pyspark.sql import DataFrame, SparkSession
 
 
-def _arrow_readable(files: list[Path], cfg: TrainConfig) -> tuple[list[str], bool] | None:
+@dataclass(frozen=True)
+class Store:
+    """Where pyarrow reads a data set: its file system, the set's path on it, and (for an
+    object store) the endpoint, for messages."""
+
+    fs: pafs.FileSystem
+    path: str
+    endpoint: str = ""
+
+
+def arrow_store(uri: str, spark_conf: Mapping[str, str]) -> Store | None:
+    """The pyarrow file system of a local or s3a:// data set; None for other URLs, and for
+    s3a:// when Spark's conf names no S3A endpoint (Spark alone then reads it)."""
+    from pyarrow import fs as pafs
+
+    if _is_local(uri):
+        return Store(pafs.LocalFileSystem(), str(_local_path(uri)))
+    options = s3_filesystem_options(spark_conf) if is_s3(uri) else {}
+    if not options:
+        return None
+    return Store(pafs.S3FileSystem(**options), s3_path(uri), spark_conf[S3A_CONF + "endpoint"])
+
+
+def active_spark_conf() -> dict[str, str]:
+    """The running SparkContext's conf (spark-defaults.conf's settings with the job's), read
+    without starting Spark SQL; {} when no context runs."""
+    from pyspark import SparkContext
+
+    sc = SparkContext._active_spark_context
+    return dict(sc.getConf().getAll()) if sc is not None else {}
+
+
+def _arrow_readable(
+    fs: pafs.FileSystem, files: list[str], cfg: TrainConfig
+) -> tuple[list[str], bool] | None:
     """(feature columns, label_is_integral) when the Parquet `files` can be prepared without
     Spark: one schema in every file, the columns present and of a type `spark_xxhash64`
     covers. None otherwise: the Spark paths then read the set and report any problem."""
-    import pyarrow.parquet as pq
-
-    schemas = [pq.read_schema(f) for f in files]
+    schemas = [parquet_schema(fs, f) for f in files]
     if not schemas or any(not s.equals(schemas[0]) for s in schemas[1:]):
         return None
     types = {f.name: str(f.type) for f in schemas[0]}
@@ -56,7 +100,9 @@ def _arrow_readable(files: list[Path], cfg: TrainConfig) -> tuple[list[str], boo
     return wanted, types[cfg.label_col] not in ("float", "double")
 
 
-def _arrow_table(files: list[Path], cfg: TrainConfig, features: list[str], uri: str) -> pa.Table:
+def _arrow_table(
+    store: Store, files: list[str], cfg: TrainConfig, features: list[str], uri: str
+) -> pa.Table:
     """The driver path's table (`_f<i>` as double, `_label`, `_val`, `_shard`), read with
     pyarrow and split with Spark's hash: the same table the driver path's Spark job makes."""
     import pyarrow as pa
@@ -64,9 +110,11 @@ def _arrow_table(files: list[Path], cfg: TrainConfig, features: list[str], uri: 
 
     cols = [*features, cfg.label_col]
     try:
-        table = pa.concat_tables([pq.read_table(f, columns=cols) for f in files])
+        table = pa.concat_tables(
+            [pq.read_table(f, columns=cols, filesystem=store.fs) for f in files]
+        )
     except Exception as exc:  # unreadable after the footer check, or vanished
-        raise DataError(f"cannot read data at {uri!r}: {str(exc).splitlines()[0]}") from exc
+        raise _store_failure(uri, exc, store.endpoint) from None
     n = table.num_rows
     hashed = [table.column(c) for c in cols]
     is_val = np.mod(spark_xxhash64(cfg.seed, hashed, n), 1_000_000) < int(
@@ -127,29 +175,36 @@ def prepare(
     cfg: TrainConfig,
     data_root: Path,
     before_distributed: Callable[[], None] | None = None,
+    *,
+    spark_conf: Mapping[str, str] | None = None,
 ) -> DataInfo:
     """Run the data stage; write train shards (one per worker) and the validation set.
 
     `session` gives the Spark session, called only when the data stage needs Spark SQL (not
-    for a small local Parquet set). `before_distributed` runs before the distributed path's
-    first job (not for small inputs).
+    for a small Parquet set). `before_distributed` runs before the distributed path's first
+    job (not for small inputs). `spark_conf`: the S3A settings an s3a:// set is read with
+    (default: the running SparkContext's conf).
     """
     start = time.perf_counter()
     uri, fmt = resolve_source(cfg, data_root)
     if cfg.data != DIGITS and _is_local(uri):
         check_files(_local_path(uri), fmt)
+    store = _source_store(uri, fmt, spark_conf)
     phases = {"data_source": time.perf_counter() - start}
     train_dir, val_dir = data_root / "train", data_root / "val"
-    files = _small_parquet_files(uri, fmt, cfg)
-    readable = _arrow_readable(files, cfg) if files else None
-    if files and readable:
-        # A small local Parquet set: pyarrow reads it and numpy splits it with Spark's own
-        # hash, so the job never starts Spark SQL for it (seconds of Catalyst start-up and a
-        # first job of cold executors, for a few thousand rows).
+    try:
+        files = _small_parquet_files(store, fmt, cfg) if store else None
+        readable = _arrow_readable(store.fs, files, cfg) if store and files else None
+    except OSError as exc:  # the store failed between the check and the read
+        raise _store_failure(uri, exc, store.endpoint if store else "") from None
+    if store and files and readable:
+        # A small Parquet set: pyarrow reads it and numpy splits it with Spark's own hash, so
+        # the job never starts Spark SQL for it (seconds of Catalyst start-up and a first job
+        # of cold executors, for a few thousand rows).
         features, label_integral = readable
         task = infer_task(cfg.task, label_integral)
         mark = time.perf_counter()
-        table = _arrow_table(files, cfg, features, uri)
+        table = _arrow_table(store, files, cfg, features, uri)
         phases["data_arrow_read"] = time.perf_counter() - mark
         return _prepare_small(
             table, cfg, features, label_integral, task, train_dir, val_dir, start, "arrow", phases
@@ -201,7 +256,7 @@ def prepare(
     try:
         stats = df.agg(*aggs).collect()[0].asDict()
     except Exception as exc:  # e.g. a path that vanished or unreadable files
-        raise DataError(f"cannot read data at {uri!r}: {str(exc).splitlines()[0]}") from exc
+        raise _read_failure(uri, exc) from None
     phases["data_spark_stats"] = time.perf_counter() - mark
     _check_stats(stats, cfg, features, task)
 
@@ -291,23 +346,39 @@ def _write_normalised(
     return shard_rows, _parquet_rows(val_dir)
 
 
-def _small_parquet_files(uri: str, fmt: str, cfg: TrainConfig) -> list[Path] | None:
-    """The files of a local Parquet set small enough for the "arrow" path (a file, or a
-    directory of `.parquet` files with no subdirectories, whose partition columns only Spark
-    would add), up to local_prep_mb in all; None for any other set."""
-    if not cfg.local_prep_mb or fmt != "parquet" or not _is_local(uri):
+def _source_store(uri: str, fmt: str, spark_conf: Mapping[str, str] | None) -> Store | None:
+    """The data set's pyarrow store (`arrow_store`); an s3a:// set's files are checked there
+    first (check_store), so a missing bucket or prefix, refused keys or an unreachable store
+    fail in one sentence before Spark reads anything."""
+    if not is_s3(uri):
+        return arrow_store(uri, {}) if _is_local(uri) else None
+    store = arrow_store(uri, active_spark_conf() if spark_conf is None else spark_conf)
+    if store:
+        check_store(store.fs, uri, fmt, store.endpoint)
+    return store
+
+
+def _small_parquet_files(store: Store, fmt: str, cfg: TrainConfig) -> list[str] | None:
+    """The files of a Parquet set small enough for the "arrow" path (a file, or a directory
+    of `.parquet` files with no subdirectories, whose partition columns only Spark would add),
+    up to local_prep_mb in all; None for any other set."""
+    from pyarrow import fs as pafs
+
+    if not cfg.local_prep_mb or fmt != "parquet":
         return None
-    path = _local_path(uri)
-    if path.is_file():
-        files = [path]
+    top = store.fs.get_file_info(store.path)
+    if top.type == pafs.FileType.File:
+        entries = [top]
     else:
-        visible = [p for p in path.iterdir() if not p.name.startswith(("_", "."))]
-        if not visible or any(not p.is_file() or p.suffix != ".parquet" for p in visible):
+        listed = store.fs.get_file_info(pafs.FileSelector(store.path))
+        entries = [e for e in listed if not e.base_name.startswith(("_", "."))]
+        if not entries or any(
+            e.type != pafs.FileType.File or e.extension != "parquet" for e in entries
+        ):
             return None
-        files = sorted(visible)
-    if sum(f.stat().st_size for f in files) > cfg.local_prep_mb * 1024**2:
+    if sum(e.size or 0 for e in entries) > cfg.local_prep_mb * 1024**2:
         return None
-    return files
+    return sorted(e.path for e in entries)
 
 
 def _prepare_small(
@@ -389,7 +460,14 @@ def _collect(df: DataFrame, uri: str) -> Any:
     try:
         return df.toArrow()
     except Exception as exc:  # e.g. a path that vanished or unreadable files
-        raise DataError(f"cannot read data at {uri!r}: {str(exc).splitlines()[0]}") from exc
+        raise _read_failure(uri, exc) from None
+
+
+def _read_failure(uri: str, exc: Exception) -> DataError:
+    """A Spark job's failure to read the data set, as one sentence: its Java exception's
+    first line, named (storage_error) where it says what went wrong."""
+    cause = _java_cause(exc)
+    return storage_error(uri, cause) or DataError(f"cannot read data at {uri!r}: {cause}")
 
 
 def _prepare_in_driver(
