@@ -199,6 +199,7 @@ def main() -> None:
             inventory=cluster.inventory,
             spark_auth_secret=cluster.spark_auth_secret,
             secret_id=cluster.secret_id,
+            s3_secret_key=config.s3_secret_key,
             wheelhouse=str(wheelhouse),
             artifacts_dir=str(artifacts / "ansible"),
             cpu_boost=cluster.cpu_boost,

@@ -259,22 +259,37 @@ def object_store_node(nodes: list[NodeSpec]) -> NodeSpec | None:
     return next((n for n in nodes if n.is_object_store), None)
 
 
-def object_store_vars(nodes: list[NodeSpec], reach: Mapping[str, str] | None = None) -> dict:
+def object_store_vars(
+    config: StackConfig, nodes: list[NodeSpec], reach: Mapping[str, str] | None = None
+) -> dict:
     """Inventory variables of the object store (roles/object_store) and of s3a on every node
-    (the spark role): the S3 endpoint on the cluster network. Its keys are not here: the
-    secret one is derived from the cluster secret (playbooks/group_vars/all.yml,
-    `object_store_secret_key`), never written to an inventory."""
+    (the spark role): the S3 endpoint the nodes use, which is trainstack:s3Endpoint when set
+    (with its access key, region and addressing), else the stack's store on the cluster
+    network. No secret key is here: the store's is derived from the cluster secret
+    (playbooks/group_vars/all.yml), an external endpoint's reaches Ansible as a secret extra
+    variable (infra.provisioning.inventory.SECRET_VARS), never an inventory."""
     node = object_store_node(nodes)
-    if node is None:
-        return {"trainstack_object_store_enabled": False}
-    address = (reach or {}).get(node.key, node.key)
-    return {
-        "trainstack_object_store_enabled": True,
-        "trainstack_object_store_port": OBJECT_STORE_PORT,
-        "trainstack_object_store_access_key": OBJECT_STORE_ACCESS_KEY,
-        "trainstack_object_store_bucket": OBJECT_STORE_BUCKET,
-        "trainstack_s3_endpoint": f"http://{address}:{OBJECT_STORE_PORT}",
-    }
+    found: dict = {"trainstack_object_store_enabled": node is not None}
+    if node is not None:
+        address = (reach or {}).get(node.key, node.key)
+        found.update(
+            {
+                "trainstack_object_store_port": OBJECT_STORE_PORT,
+                "trainstack_object_store_access_key": OBJECT_STORE_ACCESS_KEY,
+                "trainstack_object_store_bucket": OBJECT_STORE_BUCKET,
+                "trainstack_s3_endpoint": f"http://{address}:{OBJECT_STORE_PORT}",
+            }
+        )
+    if config.s3_endpoint:
+        found.update(
+            {
+                "trainstack_s3_endpoint": config.s3_endpoint.rstrip("/"),
+                "trainstack_s3_access_key": config.s3_access_key,
+                "trainstack_s3_region": config.s3_region,
+                "trainstack_s3_path_style": config.s3_path_style,
+            }
+        )
+    return found
 
 
 def labels(project: str, prefix: str, **extra: str) -> dict[str, str]:
@@ -347,7 +362,7 @@ def inventory(
         all_vars["trainstack_shared_storage_check"] = True
     all_vars.update(monitoring_vars(config, nodes, reach))
     all_vars.update(tracking_vars(nodes, reach))
-    all_vars.update(object_store_vars(nodes, reach))
+    all_vars.update(object_store_vars(config, nodes, reach))
     if node_image:
         # The nodes start from this baked image: every install is already done.
         all_vars["trainstack_node_image"] = node_image

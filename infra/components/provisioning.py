@@ -21,7 +21,7 @@ from pulumi.dynamic import CreateResult, DiffResult, Resource, ResourceProvider,
 
 from infra import digest
 from infra.errors import UserFacingError, short_provider_errors, write_details
-from infra.provisioning.inventory import SECRET_ENV
+from infra.provisioning.inventory import S3_SECRET_ENV, SECRET_ENV
 
 ROOT = Path(__file__).resolve().parents[2]
 # What provisioning applies; a change in any of these re-runs it.
@@ -107,7 +107,12 @@ class _PlaybookProvider(ResourceProvider):
         artifacts.mkdir(parents=True, exist_ok=True)
         inventory_file = artifacts / "stack-inventory.json"
         inventory_file.write_text(json.dumps(integral(props["inventory"]), indent=1))
-        env = {**os.environ, SECRET_ENV: props["spark_auth_secret"], "PYTHONUNBUFFERED": "1"}
+        env = {
+            **os.environ,
+            SECRET_ENV: props["spark_auth_secret"],
+            S3_SECRET_ENV: props.get("s3_secret_key") or "",
+            "PYTHONUNBUFFERED": "1",
+        }
         code, lines = _run_child(
             props["playbook"],
             props["wheelhouse"],
@@ -137,6 +142,8 @@ class _PlaybookProvider(ResourceProvider):
             "inventory": props["inventory"],
             "content_hash": props["content_hash"],
             "secret_id": props.get("secret_id", ""),
+            # Kept (a secret output) so that a changed key re-runs the playbook.
+            "s3_secret_key": props.get("s3_secret_key") or "",
             "wheelhouse": props["wheelhouse"],
             "artifacts_dir": props["artifacts_dir"],
             "cpu_boost": bool(props.get("cpu_boost")),
@@ -151,8 +158,12 @@ class _PlaybookProvider(ResourceProvider):
 
     def diff(self, id_: str, olds: dict[str, Any], news: dict[str, Any]) -> DiffResult:
         # secret_id: the cluster secret's resource id, new on rotation (never the value).
+        # s3_secret_key: an external S3 endpoint's key (trainstack:s3SecretKey); a stack from
+        # before it has none, which equals "".
         keys = ["playbook", "inventory", "content_hash", "secret_id", "wheelhouse"]
         changed = [k for k in keys if olds.get(k) != news.get(k)]
+        if (olds.get("s3_secret_key") or "") != (news.get("s3_secret_key") or ""):
+            changed.append("s3_secret_key")
         return DiffResult(changes=bool(changed), replaces=[], stables=[])
 
     def update(self, id_: str, olds: dict[str, Any], news: dict[str, Any]) -> UpdateResult:
@@ -167,6 +178,9 @@ class _PlaybookRun(Resource, module="ansible", name="PlaybookRun"):
     duration_s: pulumi.Output[float]
 
     def __init__(self, name: str, props: dict[str, Any], opts: pulumi.ResourceOptions) -> None:
+        opts = pulumi.ResourceOptions.merge(
+            opts, pulumi.ResourceOptions(additional_secret_outputs=["s3_secret_key"])
+        )
         super().__init__(
             _PlaybookProvider(), name, {**props, "stats": None, "duration_s": None}, opts
         )
@@ -185,6 +199,8 @@ class ProvisioningArgs:
     mitogen: bool = True
     # The secret's resource id: a rotated secret re-runs the playbook.
     secret_id: pulumi.Input[str] = ""
+    # An external S3 endpoint's secret key (trainstack:s3SecretKey); "": none.
+    s3_secret_key: pulumi.Input[str] = ""
 
 
 class Provisioning(pulumi.ComponentResource):
@@ -208,6 +224,7 @@ class Provisioning(pulumi.ComponentResource):
                 "playbook": args.playbook,
                 "content_hash": content_hash,
                 "secret_id": args.secret_id,
+                "s3_secret_key": pulumi.Output.secret(args.s3_secret_key),
                 "cpu_boost": args.cpu_boost,
                 "mitogen": args.mitogen,
             },

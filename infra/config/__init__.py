@@ -29,6 +29,9 @@ from infra.config.values import NAMESPACE, ConfigError, camel
 
 __all__ = ["ConfigError", "StackConfig", "load"]
 
+# Keys whose values must be Pulumi secrets (encrypted in Pulumi.<stack>.yaml and the state).
+SECRET_KEYS = ("s3SecretKey",)
+
 
 @dataclass(frozen=True)
 class StackConfig(StackValues):
@@ -42,9 +45,20 @@ class StackConfig(StackValues):
         return {camel(f.name): f.name for f in fields(cls)}
 
     @classmethod
-    def from_mapping(cls, raw: Mapping[str, Any]) -> StackConfig:
-        """Build from `{camelKey: value}` (strings as Pulumi stores them, or typed values)."""
+    def from_mapping(
+        cls, raw: Mapping[str, Any], secret_keys: frozenset[str] | None = None
+    ) -> StackConfig:
+        """Build from `{camelKey: value}` (strings as Pulumi stores them, or typed values).
+        `secret_keys`: the camelCase keys the stack keeps as secrets (`load()` passes them);
+        a key of SECRET_KEYS set in plain text is refused."""
         errors: list[str] = []
+        if secret_keys is not None:
+            errors += [
+                f"{NAMESPACE}:{key}: is stored in plain text; set it as a secret: "
+                f"pulumi config set --secret {NAMESPACE}:{key} VALUE"
+                for key in SECRET_KEYS
+                if raw.get(key) and key not in secret_keys
+            ]
         known = cls.config_keys()
         for key in sorted(set(raw) - set(known)):
             errors.append(
@@ -98,8 +112,9 @@ def _coerce(value: Any, kind: type) -> Any:
 
 def load() -> StackConfig:
     """Read every `trainstack:*` key of the current stack and validate it."""
-    from pulumi.runtime.config import CONFIG
+    from pulumi.runtime.config import CONFIG, is_config_secret
 
     prefix = f"{NAMESPACE}:"
     raw = {k[len(prefix) :]: v for k, v in CONFIG.get().items() if k.startswith(prefix)}
-    return StackConfig.from_mapping(raw)
+    secret = frozenset(k for k in raw if is_config_secret(prefix + k))
+    return StackConfig.from_mapping(raw, secret)

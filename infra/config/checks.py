@@ -9,6 +9,7 @@ The server list's own rules are in `infra.config.servers`, the aws keys' in
 from __future__ import annotations
 
 import re
+import urllib.parse
 from collections.abc import Callable
 
 from infra.config import aws
@@ -264,6 +265,29 @@ def _object_store_port(c: StackValues) -> str | None:
     return None
 
 
+def _s3_endpoint(c: StackValues) -> str | None:
+    """An external S3 endpoint: an http(s) URL with a host, given with both keys; keys
+    without an endpoint are a mistake (the stack's store has its own)."""
+    if not c.s3_endpoint:
+        if c.s3_access_key or c.s3_secret_key:
+            return (
+                f"{_key('s3_access_key')}/{_key('s3_secret_key')}: set without "
+                f"{_key('s3_endpoint')}; give the endpoint's URL too (the stack's own object "
+                "store has keys of its own)"
+            )
+        return None
+    url = urllib.parse.urlparse(c.s3_endpoint)
+    if url.scheme not in ("http", "https") or not url.hostname or url.path not in ("", "/"):
+        return (
+            f"{_key('s3_endpoint')}: {c.s3_endpoint!r} is not an endpoint URL; give "
+            "http(s)://HOST[:PORT], e.g. https://s3.eu-west-1.amazonaws.com"
+        )
+    if not c.s3_access_key or not c.s3_secret_key:
+        missing = _key("s3_access_key") if not c.s3_access_key else _key("s3_secret_key")
+        return f"{_key('s3_endpoint')}: {c.s3_endpoint!r} needs {missing} too"
+    return None
+
+
 def _target(c: StackValues) -> str | None:
     if c.target == "ssh" and not c.servers:
         return (
@@ -405,6 +429,7 @@ CHECKS: list[Callable[[StackValues], str | None]] = [
     _duration_check("monitoring_progress_timeout", 60),
     _tracking_port,
     _object_store_port,
+    _s3_endpoint,
     _runner_keep_alive,
     _target,
     _server_list,

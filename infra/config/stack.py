@@ -6,7 +6,7 @@ derived from them. Plain data: reading the keys and checking them is `infra.conf
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -95,6 +95,15 @@ class StackValues:
     # What the object store (about 130 MiB resident idle, more while it takes uploads) adds
     # to its node's limit.
     object_store_memory: str = "512m"
+    # An external S3-compatible endpoint (AWS or another) for s3a:// and the data stage's
+    # pyarrow reads on every node, instead of the stack's store: its URL, keys (the secret one
+    # a Pulumi secret: `pulumi config set --secret trainstack:s3SecretKey ...`), region and
+    # addressing. "" (the default): the stack's object store, when trainstack:objectStore is on.
+    s3_endpoint: str = ""
+    s3_access_key: str = ""
+    s3_secret_key: str = field(default="", repr=False)
+    s3_region: str = "us-east-1"
+    s3_path_style: bool = True
     # Targets (docs/targets.md): only docker is selectable.
     target: str = "docker"
     servers: tuple[Server, ...] = ()  # the ssh target's server list

@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from infra.engine import EngineError, cpu_boost
-from infra.provisioning.inventory import SECRET_ENV, docker_containers
+from infra.provisioning.inventory import S3_SECRET_ENV, SECRET_ENV, docker_containers
 from infra.provisioning.runner import run_playbook
 from infra.provisioning.wheelhouse import WheelhouseError, build_node_wheelhouse
 
@@ -70,6 +70,9 @@ def main(argv: list[str] | None = None) -> int:
     secret = os.environ.pop(SECRET_ENV, "")
     if secret:
         extravars["trainstack_spark_auth_secret"] = secret
+    s3_secret = os.environ.pop(S3_SECRET_ENV, "")
+    if s3_secret:
+        extravars["trainstack_s3_secret_key"] = s3_secret
 
     def show(event: object) -> None:
         _say(str(event))

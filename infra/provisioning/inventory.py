@@ -11,10 +11,12 @@ from typing import Any
 
 # Variables that must never be written to an inventory file or a command line: run_playbook
 # moves them into a 0600 extravars file inside the runner's private data dir.
-SECRET_VARS = ("trainstack_spark_auth_secret",)
+SECRET_VARS = ("trainstack_spark_auth_secret", "trainstack_s3_secret_key")
 # The environment variable in which the program hands the secret to `python -m
 # infra.provisioning` (never on its command line).
 SECRET_ENV = "TRAINSTACK_SPARK_AUTH_SECRET"
+# The same for an external S3 endpoint's secret key (trainstack:s3SecretKey), when one is set.
+S3_SECRET_ENV = "TRAINSTACK_S3_SECRET_KEY"
 
 
 def split_secrets(inventory: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:

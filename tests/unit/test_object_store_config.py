@@ -67,7 +67,7 @@ def test_ssh_target_puts_the_store_on_the_first_control_server_at_its_cluster_ad
     store = topology.object_store_node(nodes)
     assert store is not None and store.key == "ctl-1"
     reach = {s.name: s.reach for s in servers}
-    assert topology.object_store_vars(nodes, reach)["trainstack_s3_endpoint"] == (
+    assert topology.object_store_vars(config, nodes, reach)["trainstack_s3_endpoint"] == (
         "http://10.0.0.1:8333"
     )
 
@@ -100,3 +100,62 @@ def test_secret_key_is_derived_as_ansible_derives_it():
     formula = " ".join(str(group_vars["trainstack_object_store_secret"]).split())
     assert "~ ':object-store') | hash('sha256')" in formula
     assert "trainstack_spark_auth_secret" in formula
+
+
+EXTERNAL = {
+    "s3Endpoint": "https://s3.eu-west-1.amazonaws.com",
+    "s3AccessKey": "AKIAEXAMPLE",
+    "s3SecretKey": "wJalrXUtnFEMI/K7MDENG/bPxRfiCYEXAMPLEKEY",
+}
+
+
+def test_an_external_endpoint_replaces_the_stores_for_s3a_and_keeps_its_secret_out():
+    config = StackConfig.from_mapping(
+        {**EXTERNAL, "s3Region": "eu-west-1", "s3PathStyle": "false"},
+        secret_keys=frozenset({"s3SecretKey"}),
+    )
+    inv = topology.inventory(config, "p", topology.plan(config))
+    all_vars = inv["all"]["vars"]
+    assert all_vars["trainstack_s3_endpoint"] == "https://s3.eu-west-1.amazonaws.com"
+    assert all_vars["trainstack_s3_access_key"] == "AKIAEXAMPLE"
+    assert all_vars["trainstack_s3_region"] == "eu-west-1"
+    assert all_vars["trainstack_s3_path_style"] is False
+    # The stack's own store still runs (trainstack data put/ls, S3 tools on this machine).
+    assert all_vars["trainstack_object_store_enabled"] is True
+    assert EXTERNAL["s3SecretKey"] not in repr(inv)
+    assert EXTERNAL["s3SecretKey"] not in repr(config)
+
+
+def test_an_external_secret_key_in_plain_text_is_refused_naming_the_command():
+    with pytest.raises(ConfigError, match="pulumi config set --secret trainstack:s3SecretKey"):
+        StackConfig.from_mapping(EXTERNAL, secret_keys=frozenset())
+
+
+@pytest.mark.parametrize(
+    ("raw", "needle"),
+    [
+        ({**EXTERNAL, "s3Endpoint": "s3.amazonaws.com"}, "is not an endpoint URL"),
+        ({**EXTERNAL, "s3Endpoint": "https://host/bucket"}, "is not an endpoint URL"),
+        ({"s3Endpoint": "https://minio.lan:9000", "s3AccessKey": "k"}, "needs trainstack:s3Secr"),
+        ({"s3AccessKey": "k"}, "set without trainstack:s3Endpoint"),
+    ],
+)
+def test_bad_external_endpoints_are_refused_naming_the_key(raw, needle):
+    with pytest.raises(ConfigError, match=needle):
+        StackConfig.from_mapping(raw)
+
+
+def test_the_secret_key_never_shows_in_an_error():
+    with pytest.raises(ConfigError) as caught:
+        StackConfig.from_mapping({**EXTERNAL, "s3Endpoint": "nope"})
+    assert EXTERNAL["s3SecretKey"] not in str(caught.value)
+
+
+def test_provisioning_hands_the_external_key_to_ansible_as_a_secret_variable():
+    from infra.provisioning.inventory import SECRET_VARS, split_secrets
+
+    assert "trainstack_s3_secret_key" in SECRET_VARS
+    inventory = {"all": {"vars": {"trainstack_s3_secret_key": "x" * 20, "other": 1}}}
+    public, secret = split_secrets(inventory)
+    assert secret == {"trainstack_s3_secret_key": "x" * 20}
+    assert "trainstack_s3_secret_key" not in public["all"]["vars"]

@@ -262,8 +262,14 @@ class SshCluster(pulumi.ComponentResource):
             pulumi.Output.from_input(tracking_uri) if tracking_uri is not None else None
         )
         # The object store's S3 endpoint, at the same address: what s3a on the nodes uses.
-        store = topology.object_store_vars(plan, reach).get("trainstack_s3_endpoint")
-        self.object_store_url = pulumi.Output.from_input(store) if store else None
+        store = topology.object_store_node(plan)
+        self.object_store_url = (
+            pulumi.Output.from_input(
+                f"http://{reach.get(store.key, store.key)}:{topology.OBJECT_STORE_PORT}"
+            )
+            if store
+            else None
+        )
         self.nodes = last_read.apply(
             lambda f: [
                 {
