@@ -48,7 +48,7 @@ EXAMPLE = ROOT / "examples" / "regression"
 CONFIG = {"uiPortBase": "0", "monitoringPort": "0", "trainEpochs": "1"}
 SHARED = f"{NODE_PATHS.data_dir}/bench"  # the bench's directory on the shared storage
 DATA = f"{SHARED}/data"
-SPARK_SUBMIT = f"{NODE_PATHS.spark_distribution_dir}/bin/spark-submit"
+SPARK_SUBMIT = f"{NODE_PATHS.venv_dir}/bin/spark-submit"  # the venv's pyspark
 FILE_MB = 128
 ROW_GROUP_MIB = 8
 
