@@ -37,9 +37,9 @@ def run_stack_job(container: str, master: str, args: list[str], conf: str, run: 
     `--spark-conf conf` and `args`; its output under <models dir>/bench-<run>.
     The job is the stack's default, examples/digits, which `pulumi up` shipped to the cluster.
     Returns the job's summary line; exits with its output when the job fails."""
-    from infra.jobs.remote import JOBS_DIR, MODELS_DIR, NODE_ENV, NODE_VENV
     from infra.config.values import PROJECT_DIR
     from infra.jobs import pack
+    from infra.jobs.remote import JOBS_DIR, MODELS_DIR, NODE_ENV, NODE_VENV
 
     command = [
         f"{NODE_VENV}/bin/trainstack-train",
