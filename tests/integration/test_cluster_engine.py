@@ -49,6 +49,8 @@ def test_up_creates_network_volumes_and_containers(stack, engine):
             f"{p}-spark-recovery-control-1",
             # The tracking server's stores (trainstack:tracking, on by default).
             f"{p}-mlflow-control-1",
+            # The object store's data (trainstack:objectStore, on by default).
+            f"{p}-objectstore-control-1",
         ]
     )
 
