@@ -30,7 +30,7 @@ from infra.targets import ssh as ssh_target
 from infra.targets.base import ClusterOutputs, TargetArgs
 
 if TYPE_CHECKING:
-    from trainstack_training.job import JobSpec
+    from trainstack_training.manifest import JobSpec
 
 ROOT = PROJECT_DIR
 # The driver runs beside an executor on the submitting worker: keep its heap small.
@@ -82,10 +82,9 @@ NOT_A_RETRAIN = ("runner_keep_alive", "runner_yield")
 
 
 def load_job(config: stack_config.StackConfig) -> JobSpec:
-    """The declared job's spec (its directory is checked by config already)."""
-    from trainstack_training.job import load_spec
-
-    return load_spec(config.job_path, config.job_params_dict)
+    """The declared job's spec: the one the config's check read (`StackValues.job_spec`),
+    not a second read of its manifest."""
+    return config.job_spec
 
 
 def stack_data(config: stack_config.StackConfig) -> str:
@@ -97,7 +96,7 @@ def job_data(config: stack_config.StackConfig, spec: JobSpec, job_sha: str) -> s
     """The declared job's data set: the stack's `trainData` when it is set (it is the declared
     job's own setting), else the manifest's `data`, else the digits (docs/jobs.md, Data);
     "none" for a job that reads its own data (config refuses `trainData` with it)."""
-    from trainstack_training.job import chosen_data
+    from trainstack_training.jobsettings import chosen_data
 
     given = config.train_data
     return chosen_data(spec, f"{JOBS_DIR}/{job_sha}", given, "trainstack:trainData") or DIGITS
@@ -230,6 +229,8 @@ def main() -> None:
                 # A submitted job's manifest names its own data; else the stack's.
                 "data": stack_data(config),
                 "master_url": url,
+                # The most ranks a submitted job may ask for (`--workers`).
+                "slots": config.training_slots,
                 # The experiment of a submitted job's MLflow run that names none (tracking):
                 # the stack's name on the engine, as the sync daemon's (roles/mlflow).
                 "stack": experiment,
@@ -249,6 +250,13 @@ def main() -> None:
             monitoring=cluster.monitoring_url,
             tracking=tracking,
             stack=experiment,
+            slots=config.training_slots,
+            facts={
+                "params": spec.params,
+                "mode": spec.mode,
+                "framework": spec.framework,
+                "experiment": spec.experiment,
+            },
             node_cpus={spec.key: spec.cpus for spec in cluster.plan},
             scrape_interval=config.monitoring_scrape_interval,
         ),

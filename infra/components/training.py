@@ -22,11 +22,17 @@ from typing import Any
 
 import pulumi
 from pulumi.dynamic import CreateResult, DiffResult, Resource, ResourceProvider, UpdateResult
-from trainstack_training.ranklog import RANK_LOG
+from trainstack_training.rundir import METRICS_FILE, PLOT_FILE, RECORD, model_file, rank_log
 
 from infra.errors import UserFacingError, short_provider_errors, write_details
 from infra.jobs import envs, remote
-from infra.jobs.launch import LaunchSettings, train_command
+from infra.jobs.launch import (
+    JobFacts,
+    LaunchSettings,
+    job_record,
+    runner_command,
+    train_command,
+)
 from infra.jobs.remote import RemoteError, ship_directory, submitter, sync_tracking
 from infra.transport import Transport, TransportError, transports_for
 
@@ -40,9 +46,6 @@ short_provider_errors()
 # Read at launch, never stored in the resource's inputs: setting or unsetting it changes no
 # diff and launches no run.
 TEST_HOLD_FILE_ENV = "TRAINSTACK_TEST_HOLD_FILE"
-# What is copied back to the host; shards and the backup stay on the cluster's volume.
-RESULT_FILES = ("model.keras", "metrics.json", "curves.png")
-REQUIRED_RESULTS = ("model.keras", "metrics.json")  # the plot is optional
 
 
 class TrainingError(UserFacingError):
@@ -68,8 +71,15 @@ def _copy_files(
 
 
 def _rank_logs(workers: int) -> list[str]:
-    """Each TensorFlow worker's own log (ranklog.py); a rank that never started has none."""
-    return [RANK_LOG.format(rank=rank) for rank in range(workers)]
+    """Each rank's own log (ranklog.py); a rank that never started has none."""
+    return [rank_log(rank) for rank in range(workers)]
+
+
+def _results(framework: str) -> tuple[list[str], list[str]]:
+    """What is copied back to the host (the files to try, the ones that must be there): the
+    model, the metrics, the curves (optional). Shards and the backup stay on the cluster."""
+    model = model_file(framework or "tensorflow")
+    return [model, METRICS_FILE, PLOT_FILE], [model, METRICS_FILE]
 
 
 def _utilisation(
@@ -159,7 +169,9 @@ def _stop_earlier_launches(candidates: list[Transport], run_dir: str, grace_s: i
     it), SIGKILL after `grace_s`; the new launch then resumes from the last finished epoch's
     backup.
     """
-    pattern = f"trainstack-train .*--output {run_dir}( |$)"
+    # The queue process of a launch (it cancels its driver the way `trainstack cancel` does
+    # and records the launch's end), and a driver of a launch from before it had one.
+    pattern = f"(trainstack_training.queue {run_dir} |trainstack-train .*--output {run_dir}( |$))"
     for node in candidates:
         try:
             if node.unavailable():
@@ -212,12 +224,38 @@ def _test_hold_file() -> str:
     return os.environ.get(TEST_HOLD_FILE_ENV, "").strip()
 
 
-def _job_command(settings: LaunchSettings, run_dir: str, hold_file: str = "") -> list[str]:
-    """The command of a launch of this run: `trainstack-train` from the one builder
-    (infra.jobs.launch) under the queue lock; `hold_file`: see TEST_HOLD_FILE_ENV ("" = no
-    hold hook)."""
-    # One barrier job at a time: jobs from `trainstack submit` take the same lock.
-    return ["flock", remote.QUEUE_LOCK, *train_command(settings, run_dir, hold_file=hold_file)]
+def _job_command(
+    settings: LaunchSettings, run_dir: str, hold_file: str = "", slots: int = 0
+) -> list[str]:
+    """The command of a launch of this run: `trainstack-train` under the job runner, both from
+    infra.jobs.launch, in the foreground with its output streamed (`--tee`): the same queue,
+    record and output as a submitted job's. `hold_file`: see TEST_HOLD_FILE_ENV ("" = no hold
+    hook)."""
+    train = train_command(settings, run_dir, hold_file=hold_file)
+    return runner_command(settings, run_dir, train, install=False, tee=True, slots=slots)
+
+
+def _write_record(
+    node: Transport, run_dir: str, run_id: str, launch: LaunchSettings, props: dict[str, Any]
+) -> None:
+    """The launch's job record, as a submitted job starts with (infra.jobs.launch.job_record):
+    `trainstack status`/`list` show the stack's job, and the tracking sync reads it. A launch
+    again in the same run directory starts a new record."""
+    facts = JobFacts.from_dict(
+        {
+            **(props.get("facts") or {}),
+            "job": props.get("job_source", ""),
+            "code_sha": launch.job_sha,
+            "env_sha": props["settings"].get("env_sha", ""),
+            "stack": props.get("stack") or "",
+        }
+    )
+    record = job_record(run_id, launch, facts, node=node.name, state="queued", origin="stack")
+    try:
+        node.run(["mkdir", "-p", run_dir], user=remote.JOB_USER)
+        node.put(f"{run_dir}/{RECORD}", json.dumps(record).encode(), user=remote.JOB_USER)
+    except TransportError as exc:
+        raise TrainingError(f"cannot start the job on {node.name}: {exc}") from None
 
 
 class _TrainingJobProvider(ResourceProvider):
@@ -238,7 +276,8 @@ class _TrainingJobProvider(ResourceProvider):
                 file=sys.stderr,
             )
         _ship_job(node, props)
-        command = _job_command(launch, run_dir, hold_file)
+        _write_record(node, run_dir, props["run_id"], launch, props)
+        command = _job_command(launch, run_dir, hold_file, int(props.get("slots") or 0))
         print(f"launching on {node.name}: {shlex.join(command)}", file=sys.stderr)
         started = time.time()
         # As the daemons' user, who owns the shared storage and Spark's client config (with
@@ -258,9 +297,8 @@ class _TrainingJobProvider(ResourceProvider):
                 f"{summary.get('error') or stdout.strip()[-500:]}; job output: {log}"
                 + (f", each worker's own output: {host_dir}/rank-<N>.log" if ranks else "")
             )
-        copied = _copy_files(
-            node, run_dir, host_dir, [*RESULT_FILES, *_rank_logs(workers)], REQUIRED_RESULTS
-        )
+        wanted, required = _results(str((props.get("facts") or {}).get("framework") or ""))
+        copied = _copy_files(node, run_dir, host_dir, [*wanted, *_rank_logs(workers)], required)
         monitoring = _utilisation(props, node, run_dir, host_dir, started, finished)
         copied += [monitoring["utilisation_plot"]] if monitoring.get("utilisation_plot") else []
         tracking = _track(props)
@@ -327,6 +365,11 @@ class TrainingArgs:
     # run is synced to MLflow once the job succeeded, and its id and URL are in the result.
     tracking: pulumi.Input[dict[str, Any]] | None = None
     stack: str = ""
+    # What the job's manifest says (infra.jobs.launch.JobFacts: params, mode, framework,
+    # experiment), for its record; not part of the trigger.
+    facts: dict[str, Any] | None = None
+    # The cluster's training slots: the job's admission beside submitted jobs (not a trigger).
+    slots: int = 0
     node_cpus: dict[str, float] | None = None  # CPU limit per node, for the bottleneck
     scrape_interval: str = "15s"
 
@@ -353,6 +396,8 @@ class Training(pulumi.ComponentResource):
                 "monitoring_url": args.monitoring or "",
                 "tracking": args.tracking or {},
                 "stack": args.stack,
+                "facts": args.facts or {},
+                "slots": args.slots,
                 "node_cpus": args.node_cpus or {},
                 "scrape_interval": args.scrape_interval,
             },

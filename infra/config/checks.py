@@ -143,14 +143,15 @@ def _job(c: StackValues) -> str | None:
     function, requirements), before anything is created."""
     if not c.train:
         return None
-    from trainstack_training.job import JobError, chosen_data, load_spec
+    from trainstack_training.jobsettings import chosen_data
+    from trainstack_training.manifest import JobError
 
     try:
-        params = c.job_params_dict
+        _ = c.job_params_dict
     except ValueError:
         return None  # reported by _job_params
     try:
-        spec = load_spec(c.job_path, params)
+        spec = c.job_spec  # read once: the program takes the same (infra.program.load_job)
     except JobError as exc:
         return f"{_key('job')}: {exc}"
     try:  # a job that reads its own data (data = "none") takes no trainData

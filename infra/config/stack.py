@@ -7,11 +7,15 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass, field
+from functools import cached_property
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from infra.config.servers import Server
 from infra.config.values import PROJECT_DIR, parse_duration, parse_size
+
+if TYPE_CHECKING:
+    from trainstack_training.manifest import JobSpec
 
 # trainstack:monitoringPort -1 (the default) puts Prometheus's UI at uiPortBase + this: 19090.
 MONITORING_PORT_OFFSET = 1010
@@ -202,6 +206,16 @@ class StackValues:
             )
         return value
 
+    @cached_property
+    def job_spec(self) -> JobSpec:
+        """The declared job's checked spec, `job_params` over its [params]: its manifest is
+        read here, once for the program's run (the config's check, checks._job, and the
+        program, infra.program, share it). JobError when the directory cannot run; ValueError
+        when `job_params` is not a JSON object."""
+        from trainstack_training.manifest import load_spec
+
+        return load_spec(self.job_path, self.job_params_dict)
+
     @property
     def docker_gpu_devices(self) -> tuple[str, ...]:
         """dockerGpus's device ids, in order; () for "" and "all"."""
@@ -224,6 +238,18 @@ class StackValues:
         each = max(len(devices) // max(self.workers, 1), 1)
         mine = devices[(index - 1) * each : index * each]
         return ("device=" + ",".join(mine), len(mine)) if mine else ("", 0)
+
+    @property
+    def training_slots(self) -> int:
+        """The cluster's training slots, the most ranks a job can have, and what the queue
+        shares between jobs (one rank a slot): Spark's task slots on the nodes that train (the
+        worker nodes; on the ssh target the servers with the `tensorflow` role), one per
+        `workerSparkCores`; one per node with the `single` strategy (a rank takes them all)."""
+        if self.target == "ssh":
+            nodes = sum("tensorflow" in s.roles for s in self.servers)
+        else:
+            nodes = self.workers
+        return nodes if self.train_strategy == "single" else nodes * self.worker_spark_cores
 
     @property
     def training_workers(self) -> int:

@@ -62,7 +62,7 @@ def _params(pairs: Sequence[str]) -> dict[str, Any]:
 def _data(value: str) -> str:
     """--data, checked: what the cluster reads as it is (a path here means nothing there)."""
     from trainstack_training.config import OWN_DATA
-    from trainstack_training.job import DATA_SCHEMES, read_where_it_is
+    from trainstack_training.manifest import DATA_SCHEMES, read_where_it_is
 
     if value.startswith("s3://"):  # the object store's data, as the nodes' Spark reads it
         value = "s3a://" + value.removeprefix("s3://")
@@ -92,6 +92,18 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("directory", type=Path)
     p.add_argument("-p", "--param", action="append", default=[], metavar="NAME=VALUE")
     p.add_argument("--epochs", type=int)
+    p.add_argument(
+        "--priority",
+        type=int,
+        default=0,
+        help="the queue's order: a higher priority starts before lower ones (default 0); it "
+        "never stops a running job",
+    )
+    p.add_argument(
+        "--workers",
+        type=int,
+        help="the job's ranks, one per worker slot (default: the stack's, every slot)",
+    )
     p.add_argument(
         "--data",
         metavar="DATA",
@@ -140,11 +152,13 @@ def run(args: argparse.Namespace) -> int:
         overrides: dict[str, Any] = {"epochs": args.epochs} if args.epochs else {}
         if args.epochs is not None and args.epochs < 1:
             raise CliError(f"--epochs {args.epochs}: must be >= 1", EXIT_INPUT)
+        if args.workers is not None:
+            overrides["workers"] = args.workers
         if args.data is not None:
             overrides["data"] = _data(args.data)
         if args.data_stream is not None:
             overrides["data_stream"] = args.data_stream
-        job_id = jobs.submit(args.directory, _params(args.param), overrides)
+        job_id = jobs.submit(args.directory, _params(args.param), overrides, args.priority)
         print(json.dumps({"job_id": job_id}) if args.json else job_id)
         return 0
     if args.command == "status":
@@ -167,7 +181,7 @@ def run(args: argparse.Namespace) -> int:
         if args.json:
             print(json.dumps(records, sort_keys=True))
             return 0
-        print_list(records, args.metric)
+        print_list(records, args.metric, int(jobs.defaults.get("slots") or 0))
         return 0
     if args.command == "sync":
         return sync(jobs, args.job_id)

@@ -20,14 +20,19 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from trainstack_training.ranklog import RANK_LOG
-from trainstack_training.runner import INSTALL_SCRIPT
+from trainstack_training.rundir import FINAL_STATES, INSTALL_SCRIPT, OUTPUT, RECORD, rank_log
 from trainstack_training.tracking import TRACKING_FILE, run_url
 
 from infra.config.values import PROJECT_DIR
 from infra.jobs import envs
 from infra.jobs.envs import EnvError
-from infra.jobs.launch import LaunchSettings, train_command
+from infra.jobs.launch import (
+    JobFacts,
+    LaunchSettings,
+    job_record,
+    runner_command,
+    train_command,
+)
 from infra.jobs.outputs_cache import cached_outputs
 from infra.jobs.package import JobDirError, Packed, pack
 from infra.jobs.remote import (
@@ -36,7 +41,6 @@ from infra.jobs.remote import (
     MODELS_DIR,
     NODE_ENV,
     NODE_VENV,
-    QUEUE_LOCK,
     RemoteError,
     ship,
     submitter,
@@ -44,7 +48,6 @@ from infra.jobs.remote import (
 )
 from infra.transport import Transport, TransportError, transports_for
 
-FINAL = ("succeeded", "failed", "cancelled")
 EXIT_FAILED, EXIT_INPUT, EXIT_UNREACHABLE = 1, 2, 3
 # How long `cancel` waits for the runner to record the end (its driver gets 5 s to stop
 # the Spark way, then SIGTERM, then SIGKILL 5 s later: docs/jobs.md).
@@ -126,17 +129,12 @@ def stack_outputs(stack: str | None) -> dict[str, Any]:
 
 
 def queued_command(
-    settings: LaunchSettings, run_dir: str, app_name: str, *, install: bool
+    settings: LaunchSettings, run_dir: str, app_name: str, *, install: bool, slots: int = 0
 ) -> list[str]:
-    """A submitted job's command: the job runner (trainstack_training.runner: the job's
-    record, the queue lock, the packages' install when `install`) around `trainstack-train`
-    from the one builder (infra.jobs.launch)."""
-    runner = [
-        f"{NODE_VENV}/bin/python", "-m", "trainstack_training.runner", run_dir,
-        "--lock", QUEUE_LOCK, "--epochs", str(settings.epochs),
-        *(["--install", f"{run_dir}/{INSTALL_SCRIPT}"] if install else []),
-    ]  # fmt: skip
-    return [*runner, "--", *train_command(settings, run_dir, app_name=app_name)]
+    """A submitted job's command: the job runner (the job's record, the queue lock, the
+    packages' install when `install`) around `trainstack-train`, both from infra.jobs.launch."""
+    train = train_command(settings, run_dir, app_name=app_name)
+    return runner_command(settings, run_dir, train, install=install, tee=False, slots=slots)
 
 
 class Jobs:
@@ -163,7 +161,7 @@ class Jobs:
 
     def record(self, job_id: str, node: Transport | None = None) -> dict[str, Any]:
         node = node or self.any_node()
-        path = f"{MODELS_DIR}/{job_id}/job.json"
+        path = f"{MODELS_DIR}/{job_id}/{RECORD}"
         for _ in range(5):
             try:
                 text = node.fetch(path)
@@ -178,7 +176,7 @@ class Jobs:
         raise CliError(f"{path} on {node.name} is not valid JSON", EXIT_FAILED)
 
     def tracking(self, job_id: str, node: Transport | None = None) -> dict[str, Any]:
-        """The job's tracking.json (its MLflow run, tracking.py), or {} when it has none."""
+        """The job's tracking.json (its MLflow run, tracking/), or {} when it has none."""
         node = node or self.any_node()
         try:
             found = dict(json.loads(node.fetch(f"{MODELS_DIR}/{job_id}/{TRACKING_FILE}")))
@@ -192,7 +190,7 @@ class Jobs:
 
     def sync(self, job_id: str) -> dict[str, Any]:
         """Sync the job's MLflow run (all jobs' without `job_id`) now, on the tracking node:
-        the `sync` command's JSON line (tracking.py)."""
+        the `sync` command's JSON line (trainstack_training.tracking)."""
         if not self.tracking_setup.get("node"):
             raise CliError("tracking is off on this stack (trainstack:tracking)", EXIT_INPUT)
         try:
@@ -202,9 +200,8 @@ class Jobs:
 
     def records(self) -> list[dict[str, Any]]:
         node = self.any_node()
-        script = (
-            f'for f in {MODELS_DIR}/job-*/job.json; do [ -f "$f" ] && cat "$f" && echo; done; true'
-        )
+        # Every run's record: submitted jobs' (job-*) and the stack's declared job's (run-*).
+        script = f'for f in {MODELS_DIR}/*/{RECORD}; do [ -f "$f" ] && cat "$f" && echo; done; true'
         _, out = node.run(["sh", "-c", script], user=JOB_USER)
         found = []
         for line in out.decode(errors="replace").splitlines():
@@ -216,9 +213,37 @@ class Jobs:
         return sorted(found, key=lambda r: (r.get("submitted_at", 0), r.get("id", "")))
 
     # -- submit -------------------------------------------------------------------------
-    def submit(self, directory: Path, params: dict[str, Any], overrides: dict[str, Any]) -> str:
-        from trainstack_training.job import JobError, chosen_data, load_spec
+    def check_workers(self, workers: int) -> None:
+        """A job's ranks fit the cluster's training slots (one rank a slot), before anything
+        is shipped: one sentence with both numbers otherwise."""
+        slots = int(self.defaults.get("slots") or self.defaults["workers"])
+        if workers < 1:
+            raise CliError(f"--workers {workers}: a job needs at least 1 worker", EXIT_INPUT)
+        if workers > slots:
+            raise CliError(
+                f"--workers {workers}: this cluster has {slots} training slot"
+                f"{'s' if slots != 1 else ''} (one rank each); ask for at most {slots}",
+                EXIT_INPUT,
+            )
+        if workers != int(self.defaults["workers"]) and self.defaults.get("strategy") == "single":
+            raise CliError(
+                f"--workers {workers}: the stack trains with the `single` strategy (one worker "
+                "with all of its cores); leave --workers out",
+                EXIT_INPUT,
+            )
 
+    def submit(
+        self,
+        directory: Path,
+        params: dict[str, Any],
+        overrides: dict[str, Any],
+        priority: int = 0,
+    ) -> str:
+        from trainstack_training.jobsettings import chosen_data
+        from trainstack_training.manifest import JobError, load_spec
+
+        if "workers" in overrides:
+            self.check_workers(int(overrides["workers"]))
         try:
             spec = load_spec(directory, params)
             packed: Packed = pack(directory)
@@ -236,7 +261,7 @@ class Jobs:
         except RemoteError as exc:
             raise CliError(str(exc), EXIT_UNREACHABLE) from None
         # The wheels go to the cluster now (a conflicting pin fails here, before anything
-        # runs); the install itself is the job's first state, `installing` (runner.py).
+        # runs); the install itself is the job's first state, `installing` (its queue process).
         try:
             staged = envs.stage(node, env, f"{NODE_VENV}/bin/python", JOB_USER) if env else None
         except EnvError as exc:
@@ -250,31 +275,28 @@ class Jobs:
             job_params=json.dumps(spec.params, sort_keys=True),
             job_env=staged.site if staged else "",
         )
-        record = {
-            "id": job_id,
-            "state": "installing" if install else "queued",
-            "submitted_at": time.time(),
-            "job": str(directory.resolve()),
-            "code_sha": packed.sha,
-            "env_sha": env.sha if env else "",
-            "params": spec.params,
-            "mode": spec.mode,
-            "framework": spec.framework,
-            "node": node.name,
-            "epochs": launch.epochs,
-            "workers": launch.workers,
-            "data": launch.data,
-            "batch_size": launch.batch_size,
-            "strategy": launch.strategy,
-            # The MLflow experiment of its run (tracking): the manifest's, else the stack's.
-            "experiment": spec.experiment,
-            "stack": str(self.defaults.get("stack") or ""),
-        }
-        command = queued_command(launch, run_dir, f"trainstack-{job_id}", install=bool(install))
+        facts = JobFacts(
+            job=str(directory.resolve()),
+            code_sha=packed.sha,
+            env_sha=env.sha if env else "",
+            params=spec.params,
+            mode=spec.mode,
+            framework=spec.framework,
+            experiment=spec.experiment,
+            stack=str(self.defaults.get("stack") or ""),
+        )
+        state = "installing" if install else "queued"
+        record = job_record(
+            job_id, launch, facts, node=node.name, state=state, origin="submit", priority=priority
+        )
+        command = queued_command(
+            launch, run_dir, f"trainstack-{job_id}", install=bool(install),
+            slots=int(self.defaults.get("slots") or 0),
+        )  # fmt: skip
         detached = f"setsid nohup {shlex.join(command)} >/dev/null 2>&1 </dev/null &"
         try:
             node.run(["mkdir", "-p", run_dir], user=JOB_USER)
-            node.put(f"{run_dir}/job.json", json.dumps(record).encode(), user=JOB_USER)
+            node.put(f"{run_dir}/{RECORD}", json.dumps(record).encode(), user=JOB_USER)
             if install:
                 node.put(f"{run_dir}/{INSTALL_SCRIPT}", install.encode(), user=JOB_USER)
             code, out = node.run(["sh", "-c", detached], user=JOB_USER, env=NODE_ENV)
@@ -300,7 +322,7 @@ class Jobs:
         self, job_id: str, offset: int, node: Transport, rank: int | None = None
     ) -> bytes:
         """The job's output from `offset` on: the runner's, or one TensorFlow rank's own."""
-        name = "output.log" if rank is None else RANK_LOG.format(rank=rank)
+        name = OUTPUT if rank is None else rank_log(rank)
         code, out = node.run(
             ["tail", "-c", f"+{offset + 1}", f"{MODELS_DIR}/{job_id}/{name}"], user=JOB_USER
         )
@@ -308,7 +330,7 @@ class Jobs:
 
     def cancel(self, job_id: str) -> dict[str, Any]:
         record = self.record(job_id)
-        if record.get("state") in FINAL:
+        if record.get("state") in FINAL_STATES:
             return record
         node = self.node_named(str(record.get("node", "")))
         if node is None:
@@ -330,7 +352,7 @@ class Jobs:
         deadline = time.monotonic() + CANCEL_WAIT_SECONDS
         while time.monotonic() < deadline:
             record = self.record(job_id, node)
-            if record.get("state") in FINAL:
+            if record.get("state") in FINAL_STATES:
                 return record
             time.sleep(0.25)
         raise CliError(
@@ -366,7 +388,7 @@ def follow_logs(jobs: Jobs, job_id: str, follow: bool, rank: int | None = None) 
             sys.stdout.flush()
         if not follow:
             return 0
-        if record.get("state") in FINAL and not chunk:
+        if record.get("state") in FINAL_STATES and not chunk:
             return 0 if record.get("state") == "succeeded" else EXIT_FAILED
         time.sleep(LOG_POLL_SECONDS)
         record = jobs.record(job_id, node)

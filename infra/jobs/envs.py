@@ -325,7 +325,7 @@ def stage(node: Transport, env: Env, python: str, user: str) -> Staged:
 def install(node: Transport, env: Env, python: str, user: str) -> str:
     """Install `env` into its overlay on the cluster's shared storage (once per lock), now,
     and return the overlay's site directory (the stack's declared job; a submitted job
-    installs in its `installing` state instead: trainstack_training.runner)."""
+    installs in its `installing` state instead: trainstack_training.queue)."""
     staged = stage(node, env, python, user)
     if not staged.script:
         return staged.site

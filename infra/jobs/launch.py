@@ -8,19 +8,24 @@ the typed settings into the flags. Where the two launches pass a flag differentl
 settings say so: a `None` leaves the flag out, and `trainstack-train`'s own default applies
 (training/trainstack_training/config.py, TrainConfig).
 
-What wraps the command stays with its caller: the declared job runs it under `flock` on the
-queue lock, a submitted job under the job runner (`python -m trainstack_training.runner`).
+Both run it under the job runner (`python -m trainstack_training.queue`, `runner_command`):
+the queue lock, the job's state, its output; `job_record` is the record both start with
+(`<run dir>/job.json`, trainstack_training.rundir), which `trainstack status` and `list` and
+the tracking sync read.
 """
 
 from __future__ import annotations
 
+import time
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from trainstack_training.rundir import INSTALL_SCRIPT
+
 from infra.jobs.envs import Env
-from infra.jobs.remote import JOBS_DIR, NODE_VENV
+from infra.jobs.remote import JOBS_DIR, NODE_VENV, QUEUE_LOCK
 
 TRAIN = f"{NODE_VENV}/bin/trainstack-train"
 
@@ -140,3 +145,92 @@ def train_command(
     if hold_file:
         command += ["--hold-file", hold_file]
     return command
+
+
+def runner_command(
+    settings: LaunchSettings,
+    run_dir: str,
+    train: list[str],
+    *,
+    install: bool,
+    tee: bool,
+    slots: int = 0,
+) -> list[str]:
+    """The job runner around a launch's `train` command (trainstack_training.queue): the
+    job's record, the queue (admitted when its ranks fit the cluster's `slots`; 0 = unknown:
+    one job at a time), the packages' install when `install`; `tee`: the job's output on the
+    runner's stdout too (the stack's declared job, run in the foreground)."""
+    return [
+        f"{NODE_VENV}/bin/python", "-m", "trainstack_training.queue", run_dir,
+        "--lock", QUEUE_LOCK, "--epochs", str(settings.epochs),
+        *(["--slots", str(slots)] if slots else []),
+        *(["--install", f"{run_dir}/{INSTALL_SCRIPT}"] if install else []),
+        *(["--tee"] if tee else []),
+        "--", *train,
+    ]  # fmt: skip
+
+
+@dataclass(frozen=True)
+class JobFacts:
+    """What a job is, beside how it trains: where its code came from and what its manifest
+    says. `trainstack submit` knows them from the job directory it packs; the stack's declared
+    job from its program's read of the same (infra.program), carried in its props."""
+
+    job: str  # the job directory on the machine it was launched from
+    code_sha: str
+    env_sha: str
+    params: Mapping[str, Any]
+    mode: str
+    framework: str
+    experiment: str  # the manifest's MLflow experiment ("" = the stack's)
+    stack: str
+
+    @classmethod
+    def from_dict(cls, value: Mapping[str, Any]) -> JobFacts:
+        return cls(
+            job=str(value.get("job") or ""),
+            code_sha=str(value.get("code_sha") or ""),
+            env_sha=str(value.get("env_sha") or ""),
+            params=dict(value.get("params") or {}),
+            mode=str(value.get("mode") or ""),
+            framework=str(value.get("framework") or ""),
+            experiment=str(value.get("experiment") or ""),
+            stack=str(value.get("stack") or ""),
+        )
+
+
+def job_record(
+    job_id: str,
+    settings: LaunchSettings,
+    facts: JobFacts,
+    *,
+    node: str,
+    state: str,
+    origin: str,
+    priority: int = 0,
+) -> dict[str, Any]:
+    """A job's first record (job.json): a submitted job's (`origin` "submit") and the stack's
+    declared job's ("stack") alike; the runner adds its state, times and result to it.
+    `priority`: the queue's order (trainstack_training.admission), higher first."""
+    return {
+        "id": job_id,
+        "origin": origin,
+        "priority": priority,
+        "state": state,
+        "submitted_at": time.time(),
+        "job": facts.job,
+        "code_sha": facts.code_sha,
+        "env_sha": facts.env_sha,
+        "params": dict(facts.params),
+        "mode": facts.mode,
+        "framework": facts.framework,
+        "node": node,
+        "epochs": settings.epochs,
+        "workers": settings.workers,
+        "data": settings.data,
+        "batch_size": settings.batch_size,
+        "strategy": settings.strategy or "",
+        # The MLflow experiment of its run (tracking): the manifest's, else the stack's.
+        "experiment": facts.experiment,
+        "stack": facts.stack,
+    }

@@ -12,6 +12,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from trainstack_training import rundir
+
 from infra.errors import UserFacingError
 from infra.jobs.package import JobDirError, Packed, pack, unpack_command
 from infra.nodes import NODE_PATHS
@@ -23,9 +25,9 @@ NODE_VENV = NODE_PATHS.venv_dir
 MLFLOW_VENV = NODE_PATHS.mlflow_venv_dir
 MODELS_DIR = NODE_PATHS.models_dir
 # The jobs' code, content-addressed (<sha>/), on the same shared volume as the runs.
-JOBS_DIR = f"{MODELS_DIR}/jobs"
+JOBS_DIR = f"{MODELS_DIR}/{rundir.JOBS_DIR}"
 # One barrier job at a time: the stack's job and submitted jobs take this lock (flock).
-QUEUE_LOCK = f"{MODELS_DIR}/.barrier.lock"
+QUEUE_LOCK = f"{MODELS_DIR}/{rundir.QUEUE_LOCK}"
 JOB_USER = "trainstack"
 # What a login shell on a node gets from the common role's profile (NODE_PATHS.profile_file):
 # Spark's client config (the multi-master URL, spark.authenticate and the secret) and the
@@ -141,7 +143,7 @@ def sync_tracking(setup: dict[str, Any], stack: str, job: str = "") -> dict[str,
     """Sync a job's MLflow run (every job's without `job`) now, on the tracking node, as the
     daemons' user: the JSON line of `python -m trainstack_training.tracking sync` (its `synced`
     list). `setup` is the stack's `tracking` output (infra.program). The sync daemon on that
-    node does the same every few seconds; both take the run's lock (tracking.py)."""
+    node does the same every few seconds; both take the run's lock (tracking/sync.py)."""
     if not setup.get("node"):
         raise RemoteError("tracking is off on this stack (trainstack:tracking)")
     node = transports_for([setup["node"]])[0]

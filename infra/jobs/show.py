@@ -6,7 +6,8 @@ import json
 import time
 from typing import Any
 
-from infra.jobs.commands import FINAL
+from trainstack_training.queue.admission import held
+from trainstack_training.rundir import FINAL_STATES
 
 
 def _age(record: dict[str, Any]) -> str:
@@ -18,7 +19,7 @@ def _age(record: dict[str, Any]) -> str:
 def shown_state(record: dict[str, Any]) -> str:
     """The record's state, with a note when its runner has stopped beating."""
     state = str(record.get("state", "?"))
-    if state not in FINAL and time.time() - float(record.get("heartbeat") or 0) > 30:
+    if state not in FINAL_STATES and time.time() - float(record.get("heartbeat") or 0) > 30:
         return f"{state} (lost: no heartbeat for 30 s)"
     return state
 
@@ -87,15 +88,34 @@ def final_metric(record: dict[str, Any], metric: str) -> str:
     return _number(value) if value is not None else "-"
 
 
-def print_list(records: list[dict[str, Any]], metric: str = "") -> None:
-    """One line a job, oldest first, under a header; with `metric`, a column of its final
-    value."""
+def held_slots(record: dict[str, Any]) -> int:
+    """The training slots a job holds now (trainstack_training.admission): from its admission
+    until it ends, while its queue process beats."""
+    return held(record, time.time())
+
+
+def slots_column(record: dict[str, Any]) -> str:
+    """A running job's slots; a waiting job's in parentheses (what it needs); else "-"."""
+    if held_slots(record):
+        return str(held_slots(record))
+    if record.get("state") in ("queued", "installing") and not record.get("slots"):
+        return f"({int(record.get('workers') or 1)})"
+    return "-"
+
+
+def print_list(records: list[dict[str, Any]], metric: str = "", capacity: int = 0) -> None:
+    """One line a job, oldest first, under a header: its slots (held, or needed while it
+    waits); with `metric`, a column of its final value; with the cluster's `capacity`, the
+    free slots under the table."""
     width = max(len(metric), 8)
     column = f"{metric.upper():>{width}}  " if metric else ""
-    print(f"{'JOB ID':<28} {'STATE':<10} {'AGE':>6}  {column}CODE          JOB")
+    print(f"{'JOB ID':<28} {'STATE':<10} {'AGE':>6} {'SLOTS':>5}  {column}CODE          JOB")
     for r in records:
         value = f"{final_metric(r, metric):>{width}}  " if metric else ""
         print(
-            f"{r.get('id', ''):<28} {shown_state(r):<10} {_age(r):>6}  {value}"
-            f"{str(r.get('code_sha', ''))[:12]:<12}  {r.get('job', '')}"
+            f"{r.get('id', ''):<28} {shown_state(r):<10} {_age(r):>6} {slots_column(r):>5}  "
+            f"{value}{str(r.get('code_sha', ''))[:12]:<12}  {r.get('job', '')}"
         )
+    if capacity:
+        free = capacity - sum(held_slots(r) for r in records)
+        print(f"free slots: {free} of {capacity}")

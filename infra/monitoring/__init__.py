@@ -17,9 +17,11 @@ import urllib.request
 from pathlib import Path
 from typing import Any
 
+from trainstack_training.rundir import UTILISATION_PLOT
+
 from infra.config.values import parse_duration
 
-PLOT_FILE = "utilisation.png"
+PLOT_FILE = UTILISATION_PLOT  # in the run directory too (trainstack_training.rundir)
 CPU_QUERY = "sum by (node) (rate(namedprocess_namegroup_cpu_seconds_total[{window}]))"
 MEMORY_QUERY = 'sum by (node) (namedprocess_namegroup_memory_bytes{memtype="resident"})'
 

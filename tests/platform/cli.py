@@ -135,7 +135,7 @@ def cancel_mid_training(platform, job: Path) -> str:
             "the job's other processes:\n" + "\n".join(map(str, watch.seen.values()))
         ) from None
     seen = "\n".join(map(str, watch.seen.values()))
-    assert any("trainstack_training.runner" in p.cmdline for p in watch.seen.values()), seen
+    assert any("trainstack_training.queue" in p.cmdline for p in watch.seen.values()), seen
     assert any("bin/trainstack-train" in p.cmdline for p in watch.seen.values()), seen
     stop = trainstack(platform, "cancel", job_id, timeout=60)
     assert stop.returncode == 0 and "cancelled" in stop.stdout, stop.stdout + stop.stderr

@@ -18,6 +18,7 @@ class SubmittingNode(Transport):
         self.run_dir, self.pids = run_dir, pids
         self.ran: list[list[str]] = []
         self.streamed: list[list[str]] = []
+        self.written: dict[str, bytes] = {}  # put's files by path
 
     def unavailable(self) -> str | None:
         return None
@@ -39,7 +40,7 @@ class SubmittingNode(Transport):
         raise TransportError(f"{self.name}: cannot read {path} (missing)")
 
     def put(self, path, data, mode=0o644, user=None):
-        pass
+        self.written[path] = bytes(data)
 
     def copy_command(self, path):
         return f"docker cp {self.name}:{path} ."

@@ -23,14 +23,14 @@ JOB_USER = "trainstack"
 DAEMON_MODULES = ("pyspark.daemon", "trainstack_training.daemon")
 
 # A shell script that prints one line per process of a job on the node: its runner
-# (trainstack_training.runner), its driver (trainstack-train), and its ranks (TensorFlow or
+# (trainstack_training.queue), its driver (trainstack-train), and its ranks (TensorFlow or
 # torch), the Python workers that an executor's daemon forks for the barrier tasks (with
 # their own children). The warm runner (trainstack_training.warm), its executor JVM and the
 # daemon outlive a job by design (docs/jobs.md, "The warm runner"). The patterns begin with
 # a bracket, so they do not match the shell that runs them. A stateless count, for
 # bench/bench_jobs.py; the tests follow the very processes instead (JobWatch).
 JOB_PROCESSES = (
-    "{ pgrep -af '[t]rainstack_training[.]runner |bin/[t]rainstack-train '; "
+    "{ pgrep -af '[t]rainstack_training[.]queue |bin/[t]rainstack-train '; "
     "for d in $(pgrep -f '[p]yspark[.]daemon|[t]rainstack_training[.]daemon'); "
     "do pgrep -a -P $d; done; } || true"
 )

@@ -11,8 +11,8 @@ import time
 from collections.abc import Callable
 
 import docker
-from trainstack_training.ranklog import RANK_LOG
-from trainstack_training.runner import OUTPUT as JOB_OUTPUT
+from trainstack_training.rundir import OUTPUT as JOB_OUTPUT
+from trainstack_training.rundir import RANK_LOG
 from trainstack_training.warm import LOG as RUNNER_LOG
 from trainstack_training.warm import STATE_DIR_PREFIX
 

@@ -12,8 +12,7 @@ from collections import Counter
 from pathlib import Path
 
 import pytest
-from trainstack_training.job import ERROR_FILE
-from trainstack_training.launcher import ATTEMPTS_LOG
+from trainstack_training.rundir import ATTEMPTS_LOG, ERROR_FILE
 
 from .conftest import EXAMPLES, IN_WARM_RUNNER, in_warm_runner, run_cli
 

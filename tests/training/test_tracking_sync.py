@@ -177,8 +177,8 @@ def epoch_row(epoch: int) -> dict[str, Any]:
 
 def make_run(root: Path, job_id: str, *, epochs: int = 5, done: int = 5,
              state: str = "running", error: str = "", experiment: str = "") -> Path:  # fmt: skip
-    """A submitted job's run directory after `done` of `epochs` epochs (runner.py's job.json,
-    epochs.jsonl, output.log; once succeeded the report's metrics.json, curves.png and the
+    """A submitted job's run directory after `done` of `epochs` epochs (its queue process's
+    job.json, epochs.jsonl, output.log; once succeeded the report's metrics.json, curves.png and the
     model)."""
     run_dir = root / job_id
     run_dir.mkdir(parents=True, exist_ok=True)
@@ -505,6 +505,6 @@ def test_bad_arguments_are_one_line_and_exit_2(
 def test_the_training_package_imports_without_mlflow() -> None:
     code = (
         "import sys; sys.modules['mlflow'] = None\n"
-        "import trainstack_training.tracking, trainstack_training.runner\n"
+        "import trainstack_training.tracking, trainstack_training.queue.process\n"
     )
     subprocess.run([sys.executable, "-c", code], check=True)

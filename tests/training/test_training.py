@@ -14,8 +14,9 @@ from trainstack_training import spark
 from trainstack_training.config import TrainConfig
 from trainstack_training.memwatch import killed_for_memory, read_records
 from trainstack_training.report import SPLIT_PARTS, time_split
+from trainstack_training.rundir import WAITING_FILE
 from trainstack_training.spark import wait_for_slots
-from trainstack_training.sparkmaster import WAITING_FILE, Application, MasterView
+from trainstack_training.sparkmaster import Application, MasterView
 
 from .conftest import EXAMPLES, IN_WARM_RUNNER, in_warm_runner, run_cli
 

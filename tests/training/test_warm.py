@@ -83,6 +83,59 @@ def test_a_second_job_runs_in_the_application_the_first_started(state, tmp_path)
     assert _metrics(second)["spark_application"] == "warm-runner"
 
 
+def test_two_jobs_train_at_once_in_one_runner(state, tmp_path):
+    """Two one-worker jobs on local[2]'s two slots: both attach to the runner and train at the
+    same time (each waits at its first epoch's end until both have reached it), each in a
+    pool of its own under the FAIR scheduler, and both finish."""
+    hold = tmp_path / "hold"
+    hold.write_text("")
+    outs = [tmp_path / "one", tmp_path / "two"]
+    jobs = [
+        subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "trainstack_training",
+                "--job-dir",
+                DIGITS_JOB,
+                *JOB,
+                "--epochs",
+                "2",
+                "--runner-keep-alive",
+                "120",
+                "--output",
+                str(out),
+                "--hold-file",
+                str(hold),
+            ],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for out in outs
+    ]
+    try:
+        _wait(
+            "both jobs at their first epoch's end at once",
+            lambda: all((out / "epochs.jsonl").exists() for out in outs),
+            300,
+        )
+        hold.unlink()
+        results = [job.communicate(timeout=300) for job in jobs]
+    finally:
+        hold.unlink(missing_ok=True)
+        for job in jobs:
+            if job.poll() is None:
+                job.kill()
+    for job, (stdout, stderr) in zip(jobs, results, strict=True):
+        assert job.returncode == 0, stderr[-3000:]
+        assert json.loads(stdout.splitlines()[-1])["epochs"] == 2
+    app_ids = {
+        json.loads((out / "metrics.json").read_text())["spark_application_id"] for out in outs
+    }
+    assert app_ids == {_info(state)["app_id"]}, app_ids  # one application, the runner's
+
+
 def test_a_job_killed_mid_run_leaves_no_spark_job_in_the_runner(state, tmp_path):
     out = tmp_path / "killed"
     hold = tmp_path / "hold"  # its workers wait at the first epoch's end while this exists

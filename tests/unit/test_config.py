@@ -84,6 +84,19 @@ def test_train_strategy_is_validated_and_single_means_one_worker():
     assert (single.train_strategy, single.training_workers) == ("single", 1)
 
 
+@pytest.mark.parametrize(
+    ("values", "slots"),
+    [
+        ({}, 2),
+        ({"workers": "3", "workerSparkCores": "2"}, 6),
+        ({"workers": "3", "workerSparkCores": "2", "trainStrategy": "single"}, 3),
+    ],
+)
+def test_the_training_slots_the_queue_shares(values, slots):
+    """One rank a Spark task slot on the nodes that train; a `single` rank takes a node."""
+    assert StackConfig.from_mapping(values).training_slots == slots
+
+
 def test_security_defaults_and_rotation_token():
     c = StackConfig()
     assert (c.spark_network_crypto, c.spark_io_encryption, c.rotate_secrets) == (True, False, "")

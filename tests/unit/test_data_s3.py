@@ -1,4 +1,4 @@
-"""The data stage on an object store (s3a://, data/sources.py and data/stage.py) without a
+"""The data stage on an object store (s3a://, data/sources.py, stage.py, arrow.py) without a
 server or Spark: the one classifier of storage failures over the texts pyarrow and Hadoop's
 S3A really print, the S3A settings turned into pyarrow's S3FileSystem arguments, the
 sentences, and the short ("arrow") path over a local stand-in for the store."""
@@ -15,6 +15,7 @@ import pytest
 from pyarrow import fs as pafs
 from trainstack_training.config import TrainConfig
 from trainstack_training.data import DataError, prepare, resolve_source, stage
+from trainstack_training.data.arrow import Store, active_spark_conf
 from trainstack_training.data.sources import (
     DENIED,
     NO_BUCKET,
@@ -27,7 +28,6 @@ from trainstack_training.data.sources import (
     s3_problem,
     storage_error,
 )
-from trainstack_training.data.stage import Store, active_spark_conf
 
 pytestmark = pytest.mark.unit
 

@@ -10,6 +10,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 from trainstack_training.config import TrainConfig
+from trainstack_training.context import JobContext, UserCodeError, call_user
 from trainstack_training.data import DataError, DataInfo, prepare
 from trainstack_training.data import stream as stream_module
 from trainstack_training.data.rank import (
@@ -20,7 +21,7 @@ from trainstack_training.data.rank import (
     in_memory_bytes,
 )
 from trainstack_training.data.stream import ShardReader
-from trainstack_training.job import JobContext, JobSpec, UserCodeError, call_user
+from trainstack_training.manifest import JobSpec
 
 FEATURES = 3
 

@@ -408,6 +408,7 @@ def test_docker_program_outputs(monkeypatch, tmp_path):
     assert out["jobDefaults"] == {
         **{k: v for k, v in settings.items() if k not in ("job_sha", "job_params")},
         "master_url": master,
+        "slots": 2,  # the most ranks a submitted job may ask for: two workers, a core each
         "stack": "trainstack-unit",  # a submitted job's MLflow experiment when it names none
     }
     # Where `trainstack sync` and the declared job's sync run: the tracking node's record.
@@ -489,7 +490,7 @@ def test_the_declared_jobs_data_set_is_the_stacks_then_the_manifests(
 ):
     """`trainstack:trainData`, set, is the declared job's own setting and wins; unset, the
     manifest's `data` applies, else the digits."""
-    from trainstack_training.job import load_spec
+    from trainstack_training.manifest import load_spec
 
     (tmp_path / "data").mkdir()
     (tmp_path / "data" / "t.csv").write_text("a,label\n1,0\n")

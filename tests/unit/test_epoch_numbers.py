@@ -11,12 +11,12 @@ from pathlib import Path
 import pytest
 from trainstack_training import metrics as push_metrics
 from trainstack_training import report
-from trainstack_training.attempts import ATTEMPTS_LOG
 from trainstack_training.config import TrainConfig
 from trainstack_training.data import DataInfo
-from trainstack_training.epochs import EPOCH_LOG, is_metric, metric_names
+from trainstack_training.epochs import is_metric, metric_names
 from trainstack_training.frameworks.base import EpochReporter, epoch_offset
-from trainstack_training.runner import epoch_line
+from trainstack_training.queue.process import epoch_line
+from trainstack_training.rundir import ATTEMPTS_LOG, EPOCH_LOG
 
 pytestmark = pytest.mark.unit
 

@@ -1,4 +1,4 @@
-"""The job contract's checks (trainstack_training.job.load_spec), run on the host before
+"""The job contract's checks (trainstack_training.manifest.load_spec), run on the host before
 anything is launched: each bad job directory is one sentence naming the file and the fix."""
 
 from __future__ import annotations
@@ -6,16 +6,15 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from trainstack_training.job import (
-    JobError,
+from trainstack_training.context import (
     UserCodeError,
     call_user,
-    data_location,
     is_cluster_failure,
-    load_spec,
     user_frames,
     where,
 )
+from trainstack_training.jobsettings import data_location
+from trainstack_training.manifest import JobError, load_spec
 
 from infra.config import ConfigError, StackConfig
 
@@ -229,7 +228,7 @@ def test_a_lost_peer_is_a_cluster_failure_not_the_users_error(tmp_path):
 
 def test_a_job_that_lists_packages_does_not_run_without_them(tmp_path):
     from trainstack_training.config import TrainConfig
-    from trainstack_training.train import job_spec
+    from trainstack_training.jobsettings import job_spec
 
     job = _job(
         tmp_path,
@@ -246,7 +245,7 @@ def test_a_job_that_lists_packages_does_not_run_without_them(tmp_path):
 def test_the_packages_overlay_is_importable_after_the_jobs_own_code(tmp_path, monkeypatch):
     import sys
 
-    from trainstack_training.job import import_entry
+    from trainstack_training.context import import_entry
 
     site = tmp_path / "site"
     (site / "extrapkg").mkdir(parents=True)

@@ -1,4 +1,4 @@
-"""The node-side runner of submitted jobs (trainstack_training.runner) with real processes:
+"""The node-side runner of submitted jobs (trainstack_training.queue) with real processes:
 records and states, the FIFO queue on one lock, a line per epoch, cancel while queued and
 while running. No Spark: the job is a small Python command."""
 
@@ -35,21 +35,28 @@ JOB = (
 
 
 def start(
-    root: Path, name: str, epochs: int, pause: float, install: str = ""
+    root: Path,
+    name: str,
+    epochs: int,
+    pause: float,
+    install: str = "",
+    workers: int = 1,
+    slots: int = 0,
 ) -> tuple[subprocess.Popen, Path]:
-    """The runner of one job; `install`: the text of its packages' install script."""
+    """The runner of one job; `install`: the text of its packages' install script; `workers`:
+    its ranks; `slots`: the cluster's (0: not given, one job at a time)."""
     run_dir = root / name
     run_dir.mkdir()
     state = "installing" if install else "queued"
     (run_dir / "job.json").write_text(
-        json.dumps({"id": name, "state": state, "submitted_at": time.time()})
+        json.dumps({"id": name, "state": state, "submitted_at": time.time(), "workers": workers})
     )
-    extra = []
+    extra = ["--slots", str(slots)] if slots else []
     if install:
         (run_dir / "install.sh").write_text(install)
-        extra = ["--install", str(run_dir / "install.sh")]
+        extra += ["--install", str(run_dir / "install.sh")]
     proc = subprocess.Popen(
-        [sys.executable, "-m", "trainstack_training.runner", str(run_dir), "--lock",
+        [sys.executable, "-m", "trainstack_training.queue", str(run_dir), "--lock",
          str(root / ".lock"), "--epochs", str(epochs), *extra, "--",
          sys.executable, "-c", JOB, str(run_dir), str(epochs), str(pause)],
     )  # fmt: skip
@@ -84,20 +91,61 @@ def test_a_job_runs_to_success_with_a_line_per_epoch(tmp_path):
     assert output.rstrip().endswith("[trainstack] job succeeded")
 
 
+def test_tee_streams_the_job_output_as_it_keeps_it(tmp_path):
+    """The stack's declared job runs under the runner in the foreground (--tee): `pulumi up`
+    sees the job's output, summary line included, and the run keeps the same output.log and
+    record as a submitted job."""
+    run_dir = tmp_path / "run-a"
+    run_dir.mkdir()
+    (run_dir / "job.json").write_text(json.dumps({"id": "run-a", "state": "queued"}))
+    done = subprocess.run(
+        [sys.executable, "-m", "trainstack_training.queue", str(run_dir), "--lock",
+         str(tmp_path / ".lock"), "--epochs", "2", "--tee", "--",
+         sys.executable, "-c", JOB, str(run_dir), "2", "0.1"],
+        capture_output=True, timeout=60, check=False,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.decode().splitlines()[-1] == '{"ok": true, "epochs": 2}'
+    output = (run_dir / "output.log").read_text()
+    assert '{"ok": true, "epochs": 2}' in output and "[trainstack] job succeeded" in output
+    assert record(run_dir)["state"] == "succeeded"
+    assert record(run_dir)["result"] == {"ok": True, "epochs": 2}
+
+
 def test_jobs_queue_first_in_first_out_on_one_lock(tmp_path):
     first, first_dir = start(tmp_path, "job-1", 3, 0.5)
     wait_for(lambda: record(first_dir).get("state") == "running")
     second, second_dir = start(tmp_path, "job-2", 1, 0.1)
     time.sleep(0.3)
     third, third_dir = start(tmp_path, "job-3", 1, 0.1)
-    wait_for(lambda: "queued behind" in text(third_dir / "output.log"))
+    wait_for(lambda: "queued: 1 job ahead (job-2)" in text(third_dir / "output.log"))
     assert record(second_dir)["state"] == "queued"
-    assert "job-2" in (third_dir / "output.log").read_text()  # behind the older queued job
+    assert record(second_dir)["waiting_for"].startswith("queued: first in line; needs 1 slot")
     for proc in (first, second, third):
         assert proc.wait(timeout=60) == 0
     starts = [record(d)["started_at"] for d in (first_dir, second_dir, third_dir)]
     ends = [record(d)["ended_at"] for d in (first_dir, second_dir, third_dir)]
     assert starts == sorted(starts) and starts[1] >= ends[0] and starts[2] >= ends[1]
+
+
+def test_jobs_that_fit_run_side_by_side_and_a_larger_one_waits_for_its_slots(tmp_path):
+    """Two one-worker jobs on two slots run at once; a two-worker job behind them starts when
+    both have ended (all of its ranks together), and holds back a one-worker job behind it."""
+    one, one_dir = start(tmp_path, "job-1", 4, 0.4, slots=2)
+    two, two_dir = start(tmp_path, "job-2", 4, 0.4, slots=2)
+    wait_for(lambda: all(record(d).get("state") == "running" for d in (one_dir, two_dir)))
+    assert record(one_dir)["slots"] == 1 and record(two_dir)["slots"] == 1
+    big, big_dir = start(tmp_path, "job-3", 1, 0.1, workers=2, slots=2)
+    time.sleep(0.2)
+    small, small_dir = start(tmp_path, "job-4", 1, 0.1, slots=2)
+    wait_for(lambda: "1 job ahead (job-3)" in record(small_dir).get("waiting_for", ""))
+    assert record(big_dir)["waiting_for"].startswith("queued: first in line; needs 2 slots, 0 of 2")
+    for proc in (one, two, big, small):
+        assert proc.wait(timeout=60) == 0
+    one_r, two_r, big_r, small_r = (record(d) for d in (one_dir, two_dir, big_dir, small_dir))
+    assert two_r["started_at"] < one_r["ended_at"]  # side by side
+    assert big_r["started_at"] >= max(one_r["ended_at"], two_r["ended_at"])
+    assert small_r["started_at"] >= big_r["started_at"]  # not before the larger job ahead
 
 
 def recorded(recorder: Recorder, what: str, found) -> Proc:
@@ -154,7 +202,7 @@ def start_driver(root: Path, mode: str, grace: float = 12.0) -> tuple[subprocess
     run_dir = root / f"job-{mode}"
     run_dir.mkdir()
     runner = (
-        "import sys, trainstack_training.runner as r\n"
+        "import sys, trainstack_training.queue.process as r\n"
         f"r.STOP_GRACE_SECONDS = r.KILL_AFTER_SECONDS = {grace}\n"
         "sys.exit(r.main(sys.argv[1:]))\n"
     )
@@ -191,7 +239,7 @@ def test_a_driver_that_ignores_the_signals_is_killed_after_the_grace(tmp_path):
 
 
 def test_the_record_is_never_torn_or_rolled_back_by_the_heartbeat(tmp_path):
-    from trainstack_training.runner import read_record, write_record
+    from trainstack_training.queue.process import read_record, write_record
 
     stop, torn, seen, errors = threading.Event(), [], [], []
 

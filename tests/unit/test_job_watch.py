@@ -22,7 +22,7 @@ EXPORTER = (110, 11, 1, 998, "/usr/bin/prometheus-node-exporter")
 # What a job starts on its node: its runner and driver, a warm runner (its Python process, its
 # gateway JVM), an executor JVM with its Python daemon, the daemon's forks (the ranks), and a
 # child of a rank.
-RUNNER = (200, 50, 1, UID, f"{VENV} -m trainstack_training.runner /srv/m/job-1 --lock x --")
+RUNNER = (200, 50, 1, UID, f"{VENV} -m trainstack_training.queue /srv/m/job-1 --lock x --")
 DRIVER = (201, 51, 200, UID, f"{VENV} /opt/trainstack/venv/bin/trainstack-train --epochs 400")
 WARM = (210, 52, 1, UID, f"{VENV} -m trainstack_training.warm --keep-alive 600")
 GATEWAY = (211, 53, 210, UID, f"{JAVA} org.apache.spark.deploy.SparkSubmit pyspark-shell")

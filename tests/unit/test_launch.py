@@ -16,7 +16,7 @@ from infra.components import training
 from infra.components.training import _job_command, _TrainingJobProvider
 from infra.jobs import commands
 from infra.jobs.commands import Jobs, queued_command
-from infra.jobs.launch import TRAIN, LaunchSettings, train_command
+from infra.jobs.launch import TRAIN, LaunchSettings, runner_command, train_command
 from infra.jobs.remote import JOBS_DIR, MODELS_DIR, NODE_VENV, QUEUE_LOCK
 from tests.support.fakes import SubmittingNode
 
@@ -59,8 +59,11 @@ def _flags(argv: list[str]) -> dict[str, str | None]:
 def test_the_declared_job_passes_the_flags_it_passed_before():
     settings = {**STACK, "job_sha": "c" * 64, "job_params": '{"dropout": 0.1}', "env_sha": "d" * 64}
     command = _job_command(LaunchSettings.declared(settings, MASTER), f"{MODELS_DIR}/run-a")
-    assert command[:2] == ["flock", QUEUE_LOCK]
-    assert _flags(command[2:]) == {
+    assert command[: command.index("--") + 1] == [
+        f"{NODE_VENV}/bin/python", "-m", "trainstack_training.queue", f"{MODELS_DIR}/run-a",
+        "--lock", QUEUE_LOCK, "--epochs", "3", "--tee", "--",
+    ]  # fmt: skip
+    assert _flags(command[command.index("--") + 1 :]) == {
         "--master": MASTER,
         "--workers": "2",
         "--epochs": "3",
@@ -122,9 +125,9 @@ def test_the_settings_are_frozen():
 # --- both callers, from the one builder -----------------------------------------------------------
 
 
-def _declared(monkeypatch, tmp_path: Path, settings: dict) -> list[str]:
+def _declared(monkeypatch, tmp_path: Path, settings: dict, node=None) -> list[str]:
     """The command the declared job's provider streams on its node."""
-    node = SubmittingNode()
+    node = node or SubmittingNode()
     monkeypatch.setattr(training, "_candidates", lambda props: [node])
     monkeypatch.setattr(training, "_ship_job", lambda node, props: None)
     monkeypatch.delenv(training.TEST_HOLD_FILE_ENV, raising=False)
@@ -135,9 +138,9 @@ def _declared(monkeypatch, tmp_path: Path, settings: dict) -> list[str]:
     return command
 
 
-def _submitted(monkeypatch, tmp_path: Path, defaults: dict) -> tuple[list[str], str]:
+def _submitted(monkeypatch, tmp_path: Path, defaults: dict, node=None) -> tuple[list[str], str]:
     """The command `trainstack submit` starts on its node (detached), and the job's id."""
-    node = SubmittingNode()
+    node = node or SubmittingNode()
     monkeypatch.setattr(commands, "transports_for", lambda records: [node])
     monkeypatch.setattr(commands, "submitter", lambda nodes, check_venv=True: node)
     monkeypatch.setattr(commands, "ship", lambda node, packed: None)
@@ -150,7 +153,7 @@ def _submitted(monkeypatch, tmp_path: Path, defaults: dict) -> tuple[list[str], 
 
 
 def test_the_declared_job_and_a_submitted_one_agree_on_the_shared_flags(monkeypatch, tmp_path):
-    from trainstack_training.job import load_spec
+    from trainstack_training.manifest import load_spec
 
     from infra.jobs import pack
 
@@ -161,10 +164,13 @@ def test_the_declared_job_and_a_submitted_one_agree_on_the_shared_flags(monkeypa
     runner = submitted[: submitted.index("--") + 1]
     python = f"{NODE_VENV}/bin/python"
     run_dir = f"{MODELS_DIR}/{job_id}"
-    assert runner == [python, "-m", "trainstack_training.runner", run_dir,
+    assert runner == [python, "-m", "trainstack_training.queue", run_dir,
                       "--lock", QUEUE_LOCK, "--epochs", "3", "--"]  # fmt: skip
-    assert declared[:2] == ["flock", QUEUE_LOCK]
-    mine, theirs = _flags(declared[2:]), _flags(submitted[len(runner) :])
+    # The same runner and queue; the declared job's output streamed to `pulumi up` (--tee).
+    assert declared[: declared.index("--") + 1] == [
+        *runner[:3], f"{MODELS_DIR}/run-a", *runner[4:-1], "--tee", "--",
+    ]  # fmt: skip
+    mine, theirs = _flags(declared[len(runner) + 1 :]), _flags(submitted[len(runner) :])
     # What differs is each caller's own: the run directory, submit's application name and its
     # `--job-env ""` (a job without packages; the declared job leaves the flag out).
     assert mine.pop("--output") == f"{MODELS_DIR}/run-a"
@@ -179,7 +185,8 @@ def test_each_caller_runs_what_the_builder_makes(monkeypatch, tmp_path):
     settings = {**STACK, "job_sha": "c" * 64, "job_params": "{}"}
     declared = _declared(monkeypatch, tmp_path, settings)
     launch = LaunchSettings.declared(settings, MASTER)
-    assert declared == ["flock", QUEUE_LOCK, *train_command(launch, f"{MODELS_DIR}/run-a")]
+    train = train_command(launch, f"{MODELS_DIR}/run-a")
+    assert declared == runner_command(launch, f"{MODELS_DIR}/run-a", train, install=False, tee=True)
     submitted, job_id = _submitted(monkeypatch, tmp_path, {**STACK, "master_url": MASTER})
     sha = submitted[submitted.index("--job-dir") + 1].rsplit("/", 1)[-1]
     params = submitted[submitted.index("--job-params") + 1]
@@ -191,3 +198,78 @@ def test_each_caller_runs_what_the_builder_makes(monkeypatch, tmp_path):
     assert submitted[submitted.index("--") + 1 :] == train_command(
         launch, run_dir, app_name=f"trainstack-{job_id}"
     )
+
+
+def test_the_declared_job_starts_with_the_record_a_submitted_job_starts_with(monkeypatch, tmp_path):
+    """One record for both (infra.jobs.launch.job_record): `trainstack status`/`list` show the
+    stack's job, and the tracking sync reads the same fields for it."""
+    from trainstack_training.manifest import load_spec
+
+    from infra.jobs import pack
+
+    sha = pack(EXAMPLE).sha
+    spec = load_spec(EXAMPLE, {})
+    params = json.dumps(spec.params, sort_keys=True)
+    mine, theirs = SubmittingNode(), SubmittingNode()
+    monkeypatch.setattr(training, "_candidates", lambda props: [mine])
+    monkeypatch.setattr(training, "_ship_job", lambda node, props: None)
+    facts = {"params": spec.params, "mode": spec.mode, "framework": spec.framework,
+             "experiment": spec.experiment}  # fmt: skip
+    props = {"master_url": MASTER, "settings": {**STACK, "job_sha": sha, "job_params": params},
+             "run_id": "run-a", "host_artifacts_dir": str(tmp_path), "monitoring_url": "",
+             "facts": facts, "job_source": str(EXAMPLE), "stack": "dev"}  # fmt: skip
+    _TrainingJobProvider()._run(props)
+    _, job_id = _submitted(monkeypatch, tmp_path, {**STACK, "master_url": MASTER}, theirs)
+    declared = json.loads(mine.written[f"{MODELS_DIR}/run-a/job.json"])
+    submitted = json.loads(theirs.written[f"{MODELS_DIR}/{job_id}/job.json"])
+    assert set(declared) == set(submitted)
+    assert (declared["id"], declared["origin"], declared["state"]) == ("run-a", "stack", "queued")
+    assert (submitted["id"], submitted["origin"]) == (job_id, "submit")
+    same = ("code_sha", "params", "mode", "framework", "epochs", "workers", "batch_size",
+            "data", "experiment")  # fmt: skip
+    assert {k: declared[k] for k in same} == {k: submitted[k] for k in same}
+    assert declared["framework"] == "tensorflow" and declared["stack"] == "dev"
+
+
+@pytest.mark.parametrize(
+    ("workers", "slots", "strategy", "refusal"),
+    [
+        (3, 2, "multi-worker", "--workers 3: this cluster has 2 training slots (one rank each); "
+         "ask for at most 2"),
+        (2, 1, "multi-worker", "--workers 2: this cluster has 1 training slot (one rank each); "
+         "ask for at most 1"),
+        (0, 2, "multi-worker", "--workers 0: a job needs at least 1 worker"),
+        (2, 2, "single", "--workers 2: the stack trains with the `single` strategy (one worker "
+         "with all of its cores); leave --workers out"),
+    ],
+)  # fmt: skip
+def test_a_job_larger_than_the_cluster_is_refused_before_anything_ships(
+    workers, slots, strategy, refusal, monkeypatch
+):
+    node = SubmittingNode()
+    monkeypatch.setattr(commands, "transports_for", lambda records: [node])
+    monkeypatch.setattr(commands, "submitter", lambda nodes, check_venv=True: node)
+    defaults = {**STACK, "master_url": MASTER, "slots": slots, "strategy": strategy,
+                "workers": 1 if strategy == "single" else STACK["workers"]}  # fmt: skip
+    jobs = Jobs({"jobDefaults": defaults, "jobNodes": ["ts-worker-1"]})
+    with pytest.raises(commands.CliError) as caught:
+        jobs.submit(EXAMPLE, {}, {"workers": workers})
+    assert str(caught.value) == refusal and caught.value.code == commands.EXIT_INPUT
+    assert node.ran == [] and node.written == {}
+
+
+def test_a_job_sized_in_workers_gets_that_many_ranks(monkeypatch, tmp_path):
+    defaults = {**STACK, "master_url": MASTER, "slots": 2}
+    node = SubmittingNode()
+    monkeypatch.setattr(commands, "transports_for", lambda records: [node])
+    monkeypatch.setattr(commands, "submitter", lambda nodes, check_venv=True: node)
+    monkeypatch.setattr(commands, "ship", lambda node, packed: None)
+    job = tmp_path / "job"
+    shutil.copytree(EXAMPLE, job)
+    job_id = Jobs({"jobDefaults": defaults, "jobNodes": ["ts-worker-1"]}).submit(
+        job, {}, {"workers": 1}
+    )
+    (detached,) = [argv[2] for argv in node.ran if argv[:2] == ["sh", "-c"]]
+    command = shlex.split(detached.removeprefix("setsid nohup ").split(" >/dev/null")[0])
+    assert _flags(command[command.index("--") + 1 :])["--workers"] == "1"
+    assert json.loads(node.written[f"{MODELS_DIR}/{job_id}/job.json"])["workers"] == 1

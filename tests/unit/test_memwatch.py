@@ -16,11 +16,11 @@ from typing import Any
 
 import pytest
 from trainstack_training import memwatch
-from trainstack_training.attempts import ATTEMPTS_LOG
 from trainstack_training.config import TrainConfig
+from trainstack_training.context import record_error
 from trainstack_training.data import DataInfo
-from trainstack_training.job import record_error
 from trainstack_training.launcher import JobCodeError, RankMemoryError, TrainingError, run_barrier
+from trainstack_training.manifest import JobSpec
 from trainstack_training.memwatch import (
     ADVICE,
     cgroup_of,
@@ -28,6 +28,7 @@ from trainstack_training.memwatch import (
     memory_failure,
     read_records,
 )
+from trainstack_training.rundir import ATTEMPTS_LOG
 
 pytestmark = pytest.mark.unit
 
@@ -278,12 +279,13 @@ SPARK = (
     "org.apache.spark.SparkException: Python worker exited unexpectedly (crashed)"
 )
 INFO = DataInfo("t", "v", 4, 1, ["a", "b", "c", "d"], [50, 50], 20, 120, 0.5)
+SPEC = JobSpec(directory="/j", entry="m", entry_file="m.py", mode="full", has_datasets=False)
 
 
 def barrier_error(tmp_path: Path) -> BaseException:
     cfg = TrainConfig(workers=2, output=str(tmp_path), max_attempts=2)
     with pytest.raises(TrainingError) as caught:
-        run_barrier(_FailedStage(SPARK), cfg, INFO)  # type: ignore[arg-type]
+        run_barrier(_FailedStage(SPARK), cfg, INFO, SPEC)  # type: ignore[arg-type]
     return caught.value
 
 

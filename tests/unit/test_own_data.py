@@ -10,22 +10,14 @@ from pathlib import Path
 
 import pytest
 from trainstack_training import report
-from trainstack_training.attempts import ATTEMPTS_LOG
 from trainstack_training.config import TrainConfig
-from trainstack_training.epochs import EPOCH_LOG
-from trainstack_training.frameworks.base import NoRankData, RankRun
-from trainstack_training.job import (
-    JobContext,
-    JobError,
-    NoDataError,
-    UserCodeError,
-    apply_manifest,
-    call_user,
-    chosen_data,
-    data_location,
-    load_spec,
-)
+from trainstack_training.context import JobContext, NoDataError, UserCodeError, call_user
+from trainstack_training.data.rank import NoRankData
+from trainstack_training.frameworks.base import RankRun
+from trainstack_training.jobsettings import apply_manifest, chosen_data, data_location
 from trainstack_training.launcher import no_data_stage
+from trainstack_training.manifest import JobError, load_spec
+from trainstack_training.rundir import ATTEMPTS_LOG, EPOCH_LOG
 from trainstack_training.tracking import RunFiles
 
 from infra.config import ConfigError, StackConfig

@@ -11,11 +11,11 @@ import pytest
 from trainstack_training import report
 from trainstack_training.config import TrainConfig
 from trainstack_training.data import DataInfo
-from trainstack_training.epochs import EPOCH_LOG, headline, metric_names
+from trainstack_training.epochs import headline, metric_names
 from trainstack_training.frameworks.base import returned_metrics
-from trainstack_training.launcher import ATTEMPTS_LOG
 from trainstack_training.metrics import gauge_name
-from trainstack_training.runner import epoch_line
+from trainstack_training.queue.process import epoch_line
+from trainstack_training.rundir import ATTEMPTS_LOG, EPOCH_LOG
 
 from infra.jobs.show import result_metrics
 
@@ -110,7 +110,7 @@ def test_the_epoch_line_shows_every_metric(tmp_path):
     [("high", "'high'"), (None, "None"), ([0.1], "[0.1]"), (True, "True")],
 )
 def test_a_returned_value_that_is_not_a_number_is_named(value, shown):
-    from trainstack_training.job import UserCodeError
+    from trainstack_training.context import UserCodeError
 
     with pytest.raises(UserCodeError) as raised:
         returned_metrics({"val_mae": 0.2, "quality": value}, "m.py")

@@ -12,12 +12,12 @@ from typing import Any
 import numpy as np
 import pytest
 from trainstack_training import report
-from trainstack_training.attempts import ATTEMPTS_LOG
 from trainstack_training.config import ConfigError, TrainConfig
 from trainstack_training.data import DataError, DataInfo, load_arrays, prepare
 from trainstack_training.data.task import check_labels, infer_task, non_numeric_label
-from trainstack_training.epochs import EPOCH_LOG
-from trainstack_training.job import JobError, apply_manifest, load_spec
+from trainstack_training.jobsettings import apply_manifest
+from trainstack_training.manifest import JobError, load_spec
+from trainstack_training.rundir import ATTEMPTS_LOG, EPOCH_LOG
 
 from infra.jobs.show import print_status
 

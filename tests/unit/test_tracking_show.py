@@ -6,7 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from trainstack_training.job import JobError, load_spec
+from trainstack_training.manifest import JobError, load_spec
 
 from infra.jobs.cli import sync
 from infra.jobs.commands import Jobs
@@ -39,9 +39,20 @@ def test_list_with_a_metric_column(capsys: pytest.CaptureFixture[str]) -> None:
     print_list([{**BASE, "result": RESULT}, running], "val_loss")
     header, done, other = capsys.readouterr().out.splitlines()
     assert "VAL_LOSS" in header and "0.2345" in done
-    assert other.split()[3] == "-"
+    assert other.split()[4] == "-"
     print_list([{**BASE, "result": RESULT}])
     assert "VAL_LOSS" not in capsys.readouterr().out
+
+
+def test_list_shows_each_jobs_slots_and_the_free_ones(capsys: pytest.CaptureFixture[str]) -> None:
+    beat = {"heartbeat": 9e12}
+    running = {**BASE, "id": "job-a", "state": "running", "slots": 1, "workers": 1, **beat}
+    waiting = {**BASE, "id": "job-b", "state": "queued", "workers": 2, **beat}
+    print_list([{**BASE, "result": RESULT}, running, waiting], capacity=2)
+    header, done, one, two, free = capsys.readouterr().out.splitlines()
+    assert header.split()[4] == "SLOTS"
+    assert [line.split()[3] for line in (done, one, two)] == ["-", "1", "(2)"]
+    assert free == "free slots: 1 of 2"
 
 
 def test_sync_with_tracking_off_is_one_line(capsys: pytest.CaptureFixture[str]) -> None:

@@ -463,11 +463,12 @@ def test_submitter_says_docker_start_for_containers():
 
 
 def test_results_come_back_through_the_transport(tmp_path):
-    from infra.components.training import REQUIRED_RESULTS, RESULT_FILES, TrainingError
+    from infra.components.training import TrainingError, _results
     from infra.components.training import _copy_files as copy
 
     def _copy_results(node, run, dest):
-        return copy(node, run, dest, RESULT_FILES, REQUIRED_RESULTS)
+        wanted, required = _results("tensorflow")
+        return copy(node, run, dest, wanted, required)
 
     run = "/srv/trainstack/models/run-1"
     node = FakeNode("n", files={f"{run}/model.keras": b"M", f"{run}/metrics.json": b"{}"})
@@ -486,8 +487,9 @@ def test_earlier_launches_are_stopped_as_root(capsys):
     assert gone.ran == []
     assert [argv[0] for argv, _ in idle.ran] == ["pgrep"]
     (pgrep, _), (kill, user) = busy.ran
-    assert pgrep[:2] == ["pgrep", "-f"] and pgrep[2].endswith(
-        "--output /srv/trainstack/models/run-1( |$)"
+    assert pgrep[:2] == ["pgrep", "-f"] and pgrep[2] == (
+        "(trainstack_training.queue /srv/trainstack/models/run-1 "
+        "|trainstack-train .*--output /srv/trainstack/models/run-1( |$))"
     )
     assert kill[:2] == ["sh", "-c"] and "kill -TERM 12 34" in kill[2] and user == "root"
     assert "an earlier launch of this run still runs on busy (pid 12 34;" in capsys.readouterr().err

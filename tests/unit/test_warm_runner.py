@@ -15,7 +15,10 @@ from pathlib import Path
 import pytest
 from trainstack_training import warm
 from trainstack_training.config import TrainConfig
+from trainstack_training.rundir import WARM_RUNNER_FILE, WARM_RUNNER_STOP, read_json, write_json
 from trainstack_training.spark import context_settings
+from trainstack_training.warm import client
+from trainstack_training.warm.server import WarmServer
 
 pytestmark = pytest.mark.unit
 
@@ -42,32 +45,32 @@ def test_the_settings_key_changes_with_any_spark_setting_but_not_the_app_name():
         assert warm.settings_key(context_settings(changed)) != key
 
 
-def _runner(tmp_path: Path) -> warm.Runner:
+def _runner(tmp_path: Path) -> WarmServer:
     state = tmp_path / "state"
     state.mkdir(mode=0o700)
     cfg = TrainConfig(master="spark://a:7077", output=str(tmp_path / "runs" / "run-1"))
     (tmp_path / "runs").mkdir()
-    return warm.Runner(state, 60, "k", cfg)
+    return WarmServer(state, 60, "k", cfg)
 
 
 def test_a_lease_of_a_job_that_died_is_reaped_and_a_live_one_kept(tmp_path):
     runner = _runner(tmp_path)
     dead = subprocess.Popen([sys.executable, "-c", "pass"])
     dead.wait()
-    warm._write_json(runner.state / f"lease-{dead.pid}", {"pid": dead.pid, "group": "g-dead"})
-    warm._write_json(runner.state / f"lease-{os.getpid()}", {"pid": os.getpid(), "group": "g"})
+    write_json(runner.state / f"lease-{dead.pid}", {"pid": dead.pid, "group": "g-dead"})
+    write_json(runner.state / f"lease-{os.getpid()}", {"pid": os.getpid(), "group": "g"})
     assert runner.reap() == 1
     assert [p.name for p in runner.leases()] == [f"lease-{os.getpid()}"]
 
 
 def test_a_stop_request_stops_only_the_runner_it_names(tmp_path):
     runner = _runner(tmp_path)
-    request = runner.runs_dir / warm.STOP_REQUEST
-    warm._write_json(request, {"host": runner.host, "pid": os.getpid() + 1}, 0o644)
+    request = runner.runs_dir / WARM_RUNNER_STOP
+    write_json(request, {"host": runner.host, "pid": os.getpid() + 1}, mode=0o644)
     assert not runner.asked_to_stop()  # an earlier runner on this host, gone since
-    warm._write_json(request, {"host": "elsewhere", "pid": os.getpid()}, 0o644)
+    write_json(request, {"host": "elsewhere", "pid": os.getpid()}, mode=0o644)
     assert not runner.asked_to_stop()
-    warm._write_json(request, {"host": runner.host, "pid": os.getpid()}, 0o644)
+    write_json(request, {"host": runner.host, "pid": os.getpid()}, mode=0o644)
     assert runner.asked_to_stop() and not request.exists()
 
 
@@ -77,12 +80,12 @@ def test_a_runner_on_another_node_is_asked_to_stop_and_a_silent_one_ignored(tmp_
     said: list[str] = []
     # Silent for longer than the staleness limit: its node went away with it.
     stale = {"host": "worker-9", "pid": 7, "heartbeat": time.time() - 60}
-    warm._write_json(runs / warm.SHARED, stale, 0o644)
-    warm._evict_other_nodes(runs, said.append)
-    assert not said and not (runs / warm.STOP_REQUEST).exists()
+    write_json(runs / WARM_RUNNER_FILE, stale, mode=0o644)
+    client._evict_other_nodes(runs, said.append)
+    assert not said and not (runs / WARM_RUNNER_STOP).exists()
     # Beating: asked to stop; it answers by removing its registration.
     live = {"host": "worker-9", "pid": 7, "heartbeat": time.time()}
-    warm._write_json(runs / warm.SHARED, live, 0o644)
+    write_json(runs / WARM_RUNNER_FILE, live, mode=0o644)
 
     # The other runner, played by a thread: it waits for the stop request, records what it
     # read, and answers by removing its registration (also when no request came, so that the
@@ -94,23 +97,23 @@ def test_a_runner_on_another_node_is_asked_to_stop_and_a_silent_one_ignored(tmp_
         deadline = time.monotonic() + 10
         request: dict = {}
         while not request and time.monotonic() < deadline:
-            request = warm._read_json(runs / warm.STOP_REQUEST)
+            request = read_json(runs / WARM_RUNNER_STOP)
             time.sleep(0.05)
         received.append(request)
-        (runs / warm.SHARED).unlink()
+        (runs / WARM_RUNNER_FILE).unlink()
 
     t = threading.Thread(target=answer)
     t.start()
-    warm._evict_other_nodes(runs, said.append)
+    client._evict_other_nodes(runs, said.append)
     # The eviction returned only once the other runner had answered.
-    answered = not (runs / warm.SHARED).exists()
+    answered = not (runs / WARM_RUNNER_FILE).exists()
     t.join()
     assert received == [{"host": "worker-9", "pid": 7}], "no stop request reached worker-9"
     assert answered, "the eviction returned before the other runner had stopped"
     assert said == ["stopping the warm runner on worker-9 (one per cluster)"]
     # This node's own registration is never evicted.
-    warm._write_json(runs / warm.SHARED, {**live, "host": socket.gethostname()}, 0o644)
-    warm._evict_other_nodes(runs, said.append)
+    write_json(runs / WARM_RUNNER_FILE, {**live, "host": socket.gethostname()}, mode=0o644)
+    client._evict_other_nodes(runs, said.append)
     assert len(said) == 1
 
 
@@ -130,7 +133,7 @@ def test_a_changed_spark_client_config_changes_the_key(tmp_path, monkeypatch):
 def test_the_runners_daemon_preloads_the_jobs_framework_only():
     """One framework per runner: torch's triton and TensorFlow abort one process that loads
     both (each carries LLVM); a torch runner preloads torch from the job's overlay."""
-    tf = context_settings(TrainConfig(runner_keep_alive=600))
+    tf = context_settings(TrainConfig(runner_keep_alive=600, framework="tensorflow"))
     torch = context_settings(TrainConfig(runner_keep_alive=600, framework="torch", job_env="/e"))
     assert tf["spark.python.daemon.module"] == torch["spark.python.daemon.module"]
     assert tf["spark.executorEnv.TRAINSTACK_PRELOAD"] == "tensorflow"

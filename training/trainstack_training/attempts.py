@@ -8,45 +8,41 @@ per launch, FAILED (or KILLED) with the error when it did not succeed."""
 
 from __future__ import annotations
 
-import json
 import time
 from pathlib import Path
 
-ATTEMPTS_LOG = "attempts.log"
-LAUNCH_FILE = "launch.json"
-FAILED_FILE = "failed.json"
+from trainstack_training.rundir import (
+    ATTEMPTS_LOG,
+    FAILED_FILE,
+    LAUNCH_FILE,
+    append_line,
+    read_json,
+    write_json,
+)
+
 # trainstack-train's exit code for a cancelled job (cli.py); failed.json's `exit` then means
 # the run was cancelled, not failed (the tracking sync's KILLED).
 EXIT_CANCELLED = 130
-
-
-def _write_json(path: Path, value: dict[str, object]) -> None:
-    """Write `path` whole or not at all (a reader never sees half of it)."""
-    tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_text(json.dumps(value))
-    tmp.replace(path)
 
 
 def record_launch(out: Path, *, fresh: bool) -> None:
     """Stamp a launch of the run: a fresh one always, a resumed one when it has no stamp."""
     path = out / LAUNCH_FILE
     if fresh or not path.exists():
-        _write_json(path, {"launched_at": round(time.time(), 3)})
+        write_json(path, {"launched_at": round(time.time(), 3)})
 
 
 def launched_at(out: Path) -> float | None:
     """When the run's current launch started (None: a run from before launch stamps)."""
     try:
-        value = json.loads((out / LAUNCH_FILE).read_text()).get("launched_at")
-        return float(value)
-    except (OSError, ValueError, TypeError, AttributeError):
+        return float(read_json(out / LAUNCH_FILE)["launched_at"])
+    except (KeyError, ValueError, TypeError):
         return None
 
 
 def record_attempt(out: Path, host: str) -> None:
     """Append one line for a barrier-stage attempt that has started."""
-    with (out / ATTEMPTS_LOG).open("a") as fh:
-        fh.write(f"{time.time():.3f} {host}\n")
+    append_line(out / ATTEMPTS_LOG, f"{time.time():.3f} {host}")
 
 
 def count_attempts(out: Path) -> int:
@@ -61,4 +57,4 @@ def record_failure(out: Path, error: str, kind: str, exit_code: int) -> None:
     if not out.is_dir():
         return
     record = {"error": error, "kind": kind, "exit": exit_code, "ended_at": round(time.time(), 3)}
-    _write_json(out / FAILED_FILE, record)
+    write_json(out / FAILED_FILE, record)

@@ -25,8 +25,8 @@ def _fail(exc: BaseException, code: int, cfg: TrainConfig | None = None) -> int:
 def main(argv: list[str] | None = None) -> int:
     """Run the whole job; the last stdout line is a one-line JSON summary (also on failure)."""
     from trainstack_training.data import DataError
-    from trainstack_training.job import JobError
     from trainstack_training.launcher import TrainingError, run
+    from trainstack_training.manifest import JobError
     from trainstack_training.report import ReportError, summary, summary_line
     from trainstack_training.spark import ClusterError, JobCancelledError
 

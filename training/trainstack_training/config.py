@@ -18,7 +18,7 @@ COLLECTIVES = ("auto", "ring")  # tf.distribute.experimental.CommunicationImplem
 CLASSIFICATION, REGRESSION = "classification", "regression"
 TASKS = (CLASSIFICATION, REGRESSION)  # what a job trains (the manifest's `task`)
 AUTO_TASK = "auto"  # the task inferred from the label column (trainstack_training.data.task)
-# The job's framework: its manifest's `framework` (trainstack_training.job.FRAMEWORKS).
+# The job's framework: its manifest's `framework` (trainstack_training.manifest.FRAMEWORKS).
 FRAMEWORK_NAMES = ("tensorflow", "torch")
 MAX_CLASSES = 2**16  # the most classes a classification takes
 
@@ -117,10 +117,11 @@ class TrainConfig:
         metadata={"help": "the label column (a job's manifest sets it with `label`)"},
     )
     framework: str = field(
-        default="tensorflow",
+        default="",
         metadata={
-            "help": "tensorflow or torch: set from the job's manifest (`framework`); it picks "
-            "the warm runner's executors' preloaded framework"
+            "help": "tensorflow or torch: the job's manifest's `framework` decides it (empty = "
+            "the manifest's; another value given is refused); it picks the warm runner's "
+            "executors' preloaded framework"
         },
     )
     task: str = field(
@@ -268,8 +269,9 @@ class TrainConfig:
             (self.workers >= 1, f"workers={self.workers}: must be >= 1"),
             (self.epochs >= 1, f"epochs={self.epochs}: must be >= 1"),
             (
-                self.framework in FRAMEWORK_NAMES,
-                f"framework={self.framework!r}: allowed are {', '.join(FRAMEWORK_NAMES)}",
+                self.framework in ("", *FRAMEWORK_NAMES),
+                f"framework={self.framework!r}: allowed are {', '.join(FRAMEWORK_NAMES)}, or "
+                "none (the job's manifest decides)",
             ),
             (
                 self.gpus_per_worker >= 0,

@@ -3,10 +3,11 @@ metrics, whatever the job logs (Keras' `History` keys, or a full-mode job's `ctx
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
-# The chief's epoch rows, in the run directory (one JSON object per line).
-EPOCH_LOG = "epochs.jsonl"
+from trainstack_training.rundir import EPOCH_LOG, read_rows
+
 # A row's `epoch` counts from 1. A job whose ctx.report numbers count from 0 (its run's first
 # report said epoch=0) has each row's number moved up by one; the row keeps the job's own
 # number in this field (frameworks.base.EpochReporter).
@@ -15,6 +16,18 @@ REPORTED_EPOCH = "reported_epoch"
 ROW_FIELDS = frozenset({"epoch", REPORTED_EPOCH, "attempt", "train_seconds", "samples", "ended_at"})
 # Keys of Keras' epoch logs that are settings, not the model's metrics.
 NOT_METRICS = frozenset({"lr", "learning_rate"})
+
+
+def read_epochs(run_dir: Path) -> list[dict[str, Any]]:
+    """The chief's epoch rows in epoch order. After a resume an epoch may be there twice: the
+    last attempt's row wins. A line still being written is left for the next read."""
+    rows: dict[int, dict[str, Any]] = {}
+    for row in read_rows(run_dir / EPOCH_LOG):
+        try:
+            rows[int(row["epoch"])] = row
+        except (KeyError, ValueError, TypeError):
+            continue
+    return [rows[k] for k in sorted(rows)]
 
 
 def is_metric(key: str, value: Any) -> bool:

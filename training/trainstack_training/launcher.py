@@ -21,26 +21,23 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from trainstack_training.attempts import (
-    ATTEMPTS_LOG,
-    FAILED_FILE,
-    count_attempts,
-    record_attempt,
-    record_launch,
-)
+from trainstack_training.attempts import count_attempts, record_attempt, record_launch
 from trainstack_training.config import OWN_DATA, TrainConfig
+from trainstack_training.context import recorded_error
 from trainstack_training.data import DataInfo, prepare
-from trainstack_training.epochs import EPOCH_LOG
 from trainstack_training.frameworks import model_file
-from trainstack_training.job import ERROR_FILE, TORCH, JobSpec, apply_manifest, recorded_error
-from trainstack_training.memwatch import (
-    MEMORY_GLOB,
-    MemoryWatch,
-    memory_failure,
-    wait_for_records,
-)
+from trainstack_training.jobsettings import apply_manifest, job_spec
+from trainstack_training.manifest import TORCH, JobSpec
+from trainstack_training.memwatch import MemoryWatch, memory_failure, wait_for_records
 from trainstack_training.ranklog import RankLog
-from trainstack_training.report import METRICS_FILE
+from trainstack_training.rundir import (
+    BACKUP_DIR,
+    DATA_DIR,
+    EPOCH_LOG,
+    LAUNCH_LEFTOVERS,
+    MEMORY_GLOB,
+    METRICS_FILE,
+)
 from trainstack_training.spark import (
     CancelOnInterrupt,
     ClusterError,
@@ -51,8 +48,6 @@ from trainstack_training.spark import (
     slot_error,
     wait_for_slots,
 )
-from trainstack_training.sparkmaster import WAITING_FILE
-from trainstack_training.train import job_spec
 
 if TYPE_CHECKING:
     from pyspark import SparkContext
@@ -77,8 +72,10 @@ def _free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def barrier_task(cfg_json: str, info_json: str) -> Any:
-    """Build the function each barrier task runs (closure over plain JSON strings)."""
+def barrier_task(cfg_json: str, info_json: str, spec_json: str) -> Any:
+    """Build the function each barrier task runs (closure over plain JSON strings): the run's
+    settings, the data stage's result, and the job's spec as the driver checked it (a rank
+    does not read the manifest again)."""
 
     def run(_: Iterator[int]) -> Iterator[str]:
         started = time.time()
@@ -86,11 +83,13 @@ def barrier_task(cfg_json: str, info_json: str) -> Any:
 
         from trainstack_training.config import TrainConfig
         from trainstack_training.data import DataInfo
+        from trainstack_training.manifest import JobSpec
         from trainstack_training.train import run_worker
 
         ctx = BarrierTaskContext.get()
         cfg = TrainConfig.from_dict(json.loads(cfg_json))
         info = DataInfo.from_json(info_json)
+        spec = JobSpec.from_json(spec_json)
         index = ctx.partitionId()
         host = ctx.getTaskInfos()[index].address.rsplit(":", 1)[0]
         if index == 0:
@@ -107,6 +106,7 @@ def barrier_task(cfg_json: str, info_json: str) -> Any:
             result = run_worker(
                 cfg,
                 info,
+                spec,
                 index,
                 list(peers),
                 cores=ctx.cpus(),
@@ -121,13 +121,17 @@ def barrier_task(cfg_json: str, info_json: str) -> Any:
 
 
 def run_barrier(
-    sc: SparkContext, cfg: TrainConfig, info: DataInfo, cancel: CancelOnInterrupt | None = None
+    sc: SparkContext,
+    cfg: TrainConfig,
+    info: DataInfo,
+    spec: JobSpec,
+    cancel: CancelOnInterrupt | None = None,
 ) -> list[dict[str, Any]]:
     cfg_json = json.dumps(cfg.to_dict())
     rdd = sc.parallelize(range(cfg.workers), cfg.workers)
     # Spark retries a failed barrier stage only if it is a shuffle map stage ("Could not
     # recover from a failed barrier ResultStage" otherwise): a shuffle after it makes it one.
-    stage = rdd.barrier().mapPartitions(barrier_task(cfg_json, info.to_json()))
+    stage = rdd.barrier().mapPartitions(barrier_task(cfg_json, info.to_json(), spec.to_json()))
     try:
         rows = stage.repartition(1).collect()
     except Exception as exc:
@@ -174,7 +178,7 @@ def _prepare_run(cfg: TrainConfig) -> tuple[JobSpec, Path]:
     # kept too (and its launch stamp: the same MLflow run goes on). A run started afresh in
     # the directory of an earlier one (the stack's declared job launched again) drops that
     # run's epochs and result, and is a launch, and an MLflow run, of its own.
-    stale = [ATTEMPTS_LOG, FAILED_FILE, ".fault-injected", ERROR_FILE, WAITING_FILE]
+    stale = list(LAUNCH_LEFTOVERS)
     fresh = not _has_backup(out)
     if fresh:
         stale += [EPOCH_LOG, METRICS_FILE]
@@ -183,8 +187,10 @@ def _prepare_run(cfg: TrainConfig) -> tuple[JobSpec, Path]:
     for path in out.glob(MEMORY_GLOB):  # attempts count from 1 again
         path.unlink(missing_ok=True)
     record_launch(out, fresh=fresh)
+    # The launch's one read of the manifest: the run's framework, label and task are decided
+    # here and carried (cfg, and the spec's JSON to each barrier task); no rank reads it again.
     spec = job_spec(cfg)
-    apply_manifest(cfg, spec)  # its label and task, for the data stage
+    apply_manifest(cfg, spec)
     if cfg.gpus_per_worker and spec.framework != TORCH:
         raise ClusterError(
             f"gpus_per_worker={cfg.gpus_per_worker}: GPUs train torch jobs only; the nodes run "
@@ -236,7 +242,7 @@ def _report(
         metrics["total_seconds"] = time.perf_counter() - clock.start
         metrics["started_at"] = clock.started_at  # wall clock, as first_step_at
         # Where the job's Spark application came from: its own, or the warm runner's; and
-        # its id (the MLflow run's tag, tracking.py).
+        # its id (the MLflow run's tag, tracking/runfiles.py).
         metrics["spark_application"], metrics["spark_application_id"] = application
         metrics["experiment"] = spec.experiment  # the manifest's MLflow experiment, or ""
         metrics["params"] = spec.params  # [params] with the overrides (the MLflow run's params)
@@ -303,7 +309,7 @@ def run(cfg: TrainConfig) -> dict[str, Any]:
         if spec.reads_own_data:  # data = "none": nothing to read, no Spark SQL
             info = no_data_stage(cfg, spec)
         else:
-            info = prepare(session, cfg, out / "data", before_distributed=slot_check)
+            info = prepare(session, cfg, out / DATA_DIR, before_distributed=slot_check)
         mark = time.perf_counter()
         queued = wait_for_slots(sc, cfg, attached.since if attached else 0.0, cancel)
         phases["queued_for_cores"] = phases.get("queued_for_cores", 0.0) + queued
@@ -312,7 +318,7 @@ def run(cfg: TrainConfig) -> dict[str, Any]:
         before_barrier = train_start - start
         barrier_started = time.time()
         cancel.check()
-        results = run_barrier(sc, cfg, info, cancel)
+        results = run_barrier(sc, cfg, info, spec, cancel)
         cancel.check()
         train_seconds = time.perf_counter() - train_start
         for r in results:  # when each task's Python started, from the barrier stage's start
@@ -328,7 +334,7 @@ def run(cfg: TrainConfig) -> dict[str, Any]:
     # The job succeeded: nothing is left to resume (BackupAndRestore deleted its checkpoints
     # already, leaving the empty directories; torch's checkpoint and a full-mode job's own
     # files stay until here).
-    shutil.rmtree(out / "backup", ignore_errors=True)
+    shutil.rmtree(out / BACKUP_DIR, ignore_errors=True)
     return _report(
         cfg, spec, info, results, out, phases,
         Clock(start, started_at, before_barrier, train_seconds),
@@ -354,5 +360,5 @@ def no_data_stage(cfg: TrainConfig, spec: JobSpec) -> DataInfo:
 
 
 def _has_backup(out: Path) -> bool:
-    backup = out / "backup"
+    backup = out / BACKUP_DIR
     return backup.is_dir() and any(p.is_file() for p in backup.rglob("*"))

@@ -31,8 +31,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-MEMORY_FILE = "rank-{rank}.memory.jsonl"
-MEMORY_GLOB = "rank-*.memory.jsonl"
+from trainstack_training.rundir import MEMORY_FILE, MEMORY_GLOB
+
 POLL_SECONDS = 0.5
 # While the rank holds more than FAST_SHARE of the limit, it is polled every FAST_POLL_SECONDS:
 # the last peak seen before an OOM kill is then close to the rank's real one.

@@ -18,7 +18,8 @@ import time
 from pathlib import Path
 from typing import IO
 
-RANK_LOG = "rank-{rank}.log"
+from trainstack_training.rundir import rank_log
+
 DRAIN_SECONDS = 5.0  # at the end, how long the copy may take to reach the end of the pipe
 
 
@@ -28,7 +29,7 @@ class RankLog:
     _active: RankLog | None = None
 
     def __init__(self, run_dir: Path, rank: int, attempt: int, host: str) -> None:
-        self.path = Path(run_dir) / RANK_LOG.format(rank=rank)
+        self.path = Path(run_dir) / rank_log(rank)
         self.header = (
             f"--- rank {rank}, attempt {attempt}, on {host}, "
             f"{time.strftime('%Y-%m-%d %H:%M:%S', time.gmtime())} UTC ---\n"

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import contextlib
-import json
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -11,10 +10,9 @@ from typing import Any
 from trainstack_training.attempts import count_attempts
 from trainstack_training.config import TrainConfig
 from trainstack_training.data import DataInfo
-from trainstack_training.epochs import EPOCH_LOG, headline, metric_names
+from trainstack_training.epochs import headline, metric_names, read_epochs
+from trainstack_training.rundir import EPOCH_LOG, METRICS_FILE, PLOT_FILE, write_json
 
-METRICS_FILE = "metrics.json"
-PLOT_FILE = "curves.png"  # the name the Pulumi training component copies back
 # Series kept at the top level of metrics.json, as before any model could report others.
 CLASSIFIER_SERIES = ("loss", "accuracy", "val_loss", "val_accuracy")
 
@@ -42,18 +40,6 @@ def after_training(out: Path, model_file: str) -> Iterator[None]:
         ) from exc
 
 
-def read_epoch_log(out: Path) -> list[dict[str, Any]]:
-    """Per-epoch rows; after a resume an epoch may appear twice: the last attempt's wins."""
-    path = out / EPOCH_LOG
-    rows: dict[int, dict[str, Any]] = {}
-    if path.exists():
-        for line in path.read_text().splitlines():
-            if line.strip():
-                row = json.loads(line)
-                rows[int(row["epoch"])] = row
-    return [rows[k] for k in sorted(rows)]
-
-
 def build_metrics(
     cfg: TrainConfig,
     info: DataInfo,
@@ -65,7 +51,7 @@ def build_metrics(
 ) -> dict[str, Any]:
     """metrics.json's content; `metric` is the one the job wants shown first (its manifest's
     `metric`; ignored when the job does not have it)."""
-    epochs = read_epoch_log(out)
+    epochs = read_epochs(out)
     timings = [r.get("timings", {}) for r in results]
     attempts = max(1, count_attempts(out))
     train_secs = sum(float(e["train_seconds"]) for e in epochs)
@@ -200,7 +186,7 @@ def time_split(
 
 
 def write_outputs(metrics: dict[str, Any], out: Path, plot: bool = True) -> None:
-    (out / METRICS_FILE).write_text(json.dumps(metrics, indent=2) + "\n")
+    write_json(out / METRICS_FILE, metrics, indent=2)
     if plot:
         write_plot(metrics, out / PLOT_FILE)
 

@@ -7,7 +7,6 @@ jobs) both build on it; it imports neither.
 from __future__ import annotations
 
 import contextlib
-import json
 import re
 import signal
 import sys
@@ -19,7 +18,8 @@ from typing import TYPE_CHECKING, Any
 
 from trainstack_training.config import TrainConfig
 from trainstack_training.daemon import PRELOAD_ENV, PRELOAD_SITE_ENV
-from trainstack_training.sparkmaster import WAITING_FILE, Application, alive_master
+from trainstack_training.rundir import WAITING_FILE, write_json
+from trainstack_training.sparkmaster import Application, alive_master
 
 if TYPE_CHECKING:
     from pyspark import SparkContext
@@ -120,6 +120,9 @@ def context_settings(cfg: TrainConfig) -> dict[str, str]:
         # paid (trainstack_training.daemon). Never both in one process: torch's triton and
         # TensorFlow each carry LLVM, and loading the second aborts the process.
         settings["spark.python.daemon.module"] = "trainstack_training.daemon"
+        # Several jobs in flight in one runner share its slots, each in a pool of its own
+        # (warm.client.attach), instead of the first one's stages going before all others'.
+        settings["spark.scheduler.mode"] = "FAIR"
         settings[f"spark.executorEnv.{PRELOAD_ENV}"] = cfg.framework
         if cfg.framework == "torch":
             settings[f"spark.executorEnv.{PRELOAD_SITE_ENV}"] = cfg.job_env
@@ -244,7 +247,7 @@ class CoreQueue:
                 self.said = reason
                 print(f"[trainstack] {reason}", file=sys.stderr, flush=True)
                 with contextlib.suppress(OSError):
-                    self.file.write_text(json.dumps({"reason": reason, "since": time.time()}))
+                    write_json(self.file, {"reason": reason, "since": time.time()})
             elif not reason:
                 self.done()
         return bool(self.holders)

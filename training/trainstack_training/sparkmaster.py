@@ -24,9 +24,8 @@ from typing import Any
 DEFAULT_UI_PORT = 8080
 TIMEOUT_SECONDS = 2.0
 # A job that waits for cores held by another application records why in its run directory
-# (JSON {"reason": ...}); the job runner (trainstack_training.runner) shows it in the job's
+# (JSON {"reason": ...}); the job runner (trainstack_training.queue) shows it in the job's
 # record while it exists.
-WAITING_FILE = "waiting.json"
 
 
 @dataclass(frozen=True)

@@ -21,8 +21,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from trainstack_training.ranklog import RankLog
-
-STACKS_FILE = "stacks-rank{rank}.txt"
+from trainstack_training.rundir import STACKS_FILE
 
 
 class Watchdog:

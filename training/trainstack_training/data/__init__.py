@@ -5,11 +5,19 @@
 - ``xxhash``: Spark SQL's xxhash64 in NumPy (the split of small sets without Spark);
 - ``task``: the job's task (classification or regression), declared or inferred, and the
   checks of its labels;
-- ``stage``: ``prepare`` (its three paths, the checks, the shards) and ``load_arrays``;
+- ``stage``: ``prepare``, which picks one of its three paths and runs it;
+- ``arrow``: the "arrow" path's read and split of a small Parquet set, without Spark SQL;
+- ``spark_jobs``: the stage's Spark jobs (the "driver" path's read; the distributed path's
+  statistics pass and its normalised, partitioned write);
+- ``local_prep``: the small sets' statistics, scaling and shard files, in the driver;
+- ``checks``: the checks of the statistics and of the shards, the same on every path;
+- ``shards``: ``load_arrays``, a shard read back whole (in a rank);
+- ``stream`` and ``rank``: a rank's data, its shard held in memory or streamed;
 - ``info``: ``DataInfo``, what the stage gives every training task, and ``DataError``.
 """
 
 from trainstack_training.data.info import DataError, DataInfo
+from trainstack_training.data.shards import load_arrays
 from trainstack_training.data.sources import (
     DIGITS_ROWS,
     check_files,
@@ -18,7 +26,7 @@ from trainstack_training.data.sources import (
     read_source,
     resolve_source,
 )
-from trainstack_training.data.stage import load_arrays, prepare
+from trainstack_training.data.stage import prepare
 from trainstack_training.data.task import check_labels, infer_task
 from trainstack_training.data.xxhash import spark_xxhash64
 

@@ -20,7 +20,7 @@ from typing import Any
 import numpy as np
 
 from trainstack_training.data.info import DataInfo
-from trainstack_training.data.stage import load_arrays
+from trainstack_training.data.shards import load_arrays
 from trainstack_training.data.stream import ShardReader, read_labels
 from trainstack_training.memwatch import cgroup_of
 
@@ -204,3 +204,38 @@ class RankData:
     def wait_seconds(self) -> float:
         """Seconds this rank waited for reads that had not finished (streaming)."""
         return sum(r.wait_seconds for r in self._readers.values())
+
+
+@dataclass
+class NoRankData:
+    """ctx's data of a job that reads its own data (`data = "none"`): no data stage ran. The
+    job's ctx.x, ctx.y, ctx.x_val, ctx.y_val, ctx.batches() and ctx.val_batches() refuse
+    (JobContext: NoDataError); trainstack's own uses of it see an empty shard."""
+
+    own_data: bool = True
+    streams: bool = False
+    start_epoch: int = 0
+    choice: InputChoice = field(
+        default_factory=lambda: InputChoice("none", "the job reads its own data", 0, 0)
+    )
+
+    def open(self) -> None:
+        """Nothing to read."""
+
+    def arrays(self, part: str, name: str = "") -> tuple[Any, Any]:
+        return np.zeros((0, 0), np.float32), np.zeros((0,), np.float32)
+
+    def labels(self, part: str) -> Any:
+        return self.arrays(part)[1]
+
+    def batches(self, epoch: int, batch: int | None = None) -> Iterator[tuple[Any, Any]]:
+        return iter(())
+
+    def val_batches(self, batch: int = 0) -> Iterator[tuple[Any, Any]]:
+        return iter(())
+
+    def label_is_float(self) -> bool:
+        return False
+
+    def wait_seconds(self) -> float:
+        return 0.0

@@ -1,13 +1,13 @@
 """The frameworks a job may train with, each behind one backend (frameworks.base.Backend).
 
-The manifest's `framework` decides (job.py, default "tensorflow"); nothing here imports a
+The manifest's `framework` decides (manifest.py, default "tensorflow"); nothing here imports a
 framework until a rank runs.
 """
 
 from __future__ import annotations
 
 from trainstack_training.frameworks.base import Backend
-from trainstack_training.job import FRAMEWORKS, TORCH
+from trainstack_training.manifest import FRAMEWORKS, TORCH
 
 __all__ = ["FRAMEWORKS", "Backend", "backend_for", "model_file"]
 

@@ -11,20 +11,21 @@ import json
 import os
 import time
 from abc import ABC, abstractmethod
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, cast
 
 from trainstack_training import metrics as push_metrics
 from trainstack_training.config import TrainConfig
+from trainstack_training.context import JobContext, UserCodeError, call_user
 from trainstack_training.data import DataInfo
-from trainstack_training.data.rank import InputChoice, RankData
+from trainstack_training.data.rank import NoRankData, RankData
 from trainstack_training.epochs import REPORTED_EPOCH
-from trainstack_training.job import JobContext, JobSpec, UserCodeError, call_user
+from trainstack_training.manifest import JobSpec
+from trainstack_training.rundir import FAULT_MARKER as FAULT_MARKER  # TEST ONLY
 from trainstack_training.watchdog import Watchdog
 
-FAULT_MARKER = ".fault-injected"
 # TEST ONLY hold hook (--hold-file): how often a held worker looks at the file again, and how
 # long it holds at most before it goes on (and holds no more in this process).
 HOLD_POLL_SECONDS = 0.2
@@ -80,43 +81,6 @@ class RankRun:
         """Progress, for the no-progress timeout."""
         if self.watchdog is not None:
             self.watchdog.touch()
-
-
-@dataclass
-class NoRankData:
-    """ctx's data of a job that reads its own data (`data = "none"`): no data stage ran. The
-    job's ctx.x, ctx.y, ctx.x_val, ctx.y_val, ctx.batches() and ctx.val_batches() refuse
-    (JobContext: NoDataError); trainstack's own uses of it see an empty shard."""
-
-    own_data: bool = True
-    streams: bool = False
-    start_epoch: int = 0
-    choice: InputChoice = field(
-        default_factory=lambda: InputChoice("none", "the job reads its own data", 0, 0)
-    )
-
-    def open(self) -> None:
-        """Nothing to read."""
-
-    def arrays(self, part: str, name: str = "") -> tuple[Any, Any]:
-        import numpy as np
-
-        return np.zeros((0, 0), np.float32), np.zeros((0,), np.float32)
-
-    def labels(self, part: str) -> Any:
-        return self.arrays(part)[1]
-
-    def batches(self, epoch: int, batch: int | None = None) -> Iterator[tuple[Any, Any]]:
-        return iter(())
-
-    def val_batches(self, batch: int = 0) -> Iterator[tuple[Any, Any]]:
-        return iter(())
-
-    def label_is_float(self) -> bool:
-        return False
-
-    def wait_seconds(self) -> float:
-        return 0.0
 
 
 class Backend(ABC):

@@ -1,10 +1,12 @@
 """Run one submitted job on a node: wait for its turn, run `trainstack-train`, record its state.
 
-    python -m trainstack_training.runner RUN_DIR --lock FILE [--install SCRIPT] -- <command>
+    python -m trainstack_training.queue RUN_DIR --lock FILE [--install SCRIPT] [--tee] -- <command>
 
 (the command: trainstack-train and its arguments).
 
-`trainstack submit` starts this detached on a worker node (docs/jobs.md). It keeps the job's
+`trainstack submit` starts this detached on a worker node (docs/jobs.md); the stack's declared
+job (infra.components.training) runs it in the foreground with `--tee`, its output streamed to
+`pulumi up` as well. Both get the same record and the same queue. It keeps the job's
 record, ``RUN_DIR/job.json``, on shared storage, where `trainstack status` and `list` read it:
 ``installing`` while SCRIPT installs the job's packages into their overlay (only for a lock
 that is not on the cluster yet; an installing job does not hold the queue), ``queued`` until
@@ -37,17 +39,22 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 from trainstack_training.epochs import is_metric
-from trainstack_training.sparkmaster import WAITING_FILE
+from trainstack_training.queue.admission import decide
+from trainstack_training.rundir import (
+    EPOCH_LOG,
+    OUTPUT,
+    RECORD,
+    WAITING_FILE,
+    read_json,
+    read_rows,
+    update_json,
+)
 
-RECORD = "job.json"
-OUTPUT = "output.log"
-INSTALL_SCRIPT = "install.sh"  # the packages' install, written by `trainstack submit`
-EPOCHS = "epochs.jsonl"
-FINAL_STATES = ("succeeded", "failed", "cancelled")
 HEARTBEAT_SECONDS = 2.0
 EPOCH_POLL_SECONDS = 0.5  # how often a finished epoch is copied into the output
 STOP_GRACE_SECONDS = 5.0  # SIGINT to the driver, then SIGTERM to its process group
@@ -60,43 +67,40 @@ class CancelledError(Exception):
 
 
 def read_record(run_dir: Path) -> dict[str, Any]:
-    try:
-        return dict(json.loads((run_dir / RECORD).read_text()))
-    except (OSError, ValueError):
-        return {}
+    return read_json(run_dir / RECORD)
 
 
 # The heartbeat thread and the main thread both write the record: one merge at a time, or a
-# heartbeat that read the record before the final state was written would write it back.
+# heartbeat that read the record before the final state was written would write it back
+# (update_json merges one at a time; this lock also keeps show_waiting's check-then-write
+# whole).
 _RECORD_LOCK = threading.RLock()
 
 
 def write_record(run_dir: Path, **changes: Any) -> dict[str, Any]:
     """Merge `changes` into the record, atomically (readers never see half a file)."""
     with _RECORD_LOCK:
-        record = {**read_record(run_dir), **changes}
-        tmp = run_dir / f".{RECORD}.{os.getpid()}.{threading.get_ident()}"
-        tmp.write_text(json.dumps(record, sort_keys=True))
-        os.replace(tmp, run_dir / RECORD)
-        return record
+        return update_json(run_dir / RECORD, **changes)
 
 
-def queued_before(run_dir: Path) -> list[str]:
-    """The ids of jobs still queued that were submitted before this one (FIFO)."""
-    mine = read_record(run_dir)
-    ahead = []
-    for other in run_dir.parent.glob(f"*/{RECORD}"):
-        if other.parent == run_dir:
-            continue
-        record = read_record(other.parent)
-        earlier = (record.get("submitted_at", 0), record.get("id", "")) < (
-            mine.get("submitted_at", 0),
-            mine.get("id", ""),
-        )
-        alive = time.time() - float(record.get("heartbeat", 0)) < 10 * HEARTBEAT_SECONDS
-        if record.get("state") == "queued" and earlier and alive:
-            ahead.append(str(record.get("id")))
-    return ahead
+def other_records(run_dir: Path) -> list[dict[str, Any]]:
+    """The records of the runs directory's other runs (the queue's ledger)."""
+    return [
+        read_json(path) for path in run_dir.parent.glob(f"*/{RECORD}") if path.parent != run_dir
+    ]
+
+
+@contextlib.contextmanager
+def queue_lock(path: Path) -> Iterator[None]:
+    """The cluster's queue lock (flock on shared storage): one admission decision at a time,
+    held for milliseconds, never while a job runs."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with path.open("a") as fh:
+        fcntl.flock(fh, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(fh, fcntl.LOCK_UN)
 
 
 def epoch_line(row: dict[str, Any], epochs: int) -> str:
@@ -109,10 +113,19 @@ def epoch_line(row: dict[str, Any], epochs: int) -> str:
 
 class Runner:
     def __init__(
-        self, run_dir: Path, lock: Path, command: list[str], epochs: int, install: str = ""
+        self,
+        run_dir: Path,
+        lock: Path,
+        command: list[str],
+        epochs: int,
+        install: str = "",
+        tee: bool = False,
+        capacity: int = 0,
     ) -> None:
         self.run_dir, self.lock, self.command, self.epochs = run_dir, lock, command, epochs
         self.install_script = install
+        self.tee = tee  # the job's output on this process's stdout too (the stack's job)
+        self.capacity = capacity  # the cluster's training slots (0: unknown)
         self.child: subprocess.Popen[bytes] | None = None
         self.cancelled = False
         self.stop_started = 0.0
@@ -153,53 +166,51 @@ class Runner:
     def show_waiting(self) -> None:
         """A running job's Spark application waits for cores held by another: `queued` with
         why, until it has them (then `running` again)."""
-        try:
-            reason = str(json.loads((self.run_dir / WAITING_FILE).read_text())["reason"])
-        except (OSError, ValueError, KeyError, TypeError):
-            reason = ""
+        reason = str(read_json(self.run_dir / WAITING_FILE).get("reason") or "")
         if reason == self.waiting_for:
             return  # nothing to change: the record is not read again
         with _RECORD_LOCK:
             if self.done.is_set():
                 return
-            state = "queued" if reason else "running"
+            state = "queued" if reason else "running"  # admitted: it keeps its slots
             write_record(self.run_dir, state=state, waiting_for=reason)
             self.waiting_for = reason
 
     def copy_epochs(self) -> None:
-        try:
-            rows = (self.run_dir / EPOCHS).read_text().splitlines()
-        except OSError:
-            return
+        rows = read_rows(self.run_dir / EPOCH_LOG)  # whole rows only: a half line waits
         new = rows[self.epochs_seen :]
         self.epochs_seen = len(rows)
-        with (self.run_dir / OUTPUT).open("a") as out:
-            for line in new:
-                with contextlib.suppress(ValueError):
-                    out.write(epoch_line(json.loads(line), self.epochs))
+        if new:
+            with (self.run_dir / OUTPUT).open("a") as out:
+                out.writelines(epoch_line(row, self.epochs) for row in new)
 
     def check_cancelled(self) -> None:
         """A safe point: leave by CancelledError when a SIGTERM came and no child runs."""
         if self.cancelled:
             raise CancelledError()
 
-    def wait_turn(self, lock_fh: Any) -> None:
+    def wait_turn(self) -> None:
+        """Wait in the queue until admitted (admission.py), then hold the job's slots: the
+        record says `running` with its `slots` (released when the job ends)."""
         told = ""
         while True:
             self.check_cancelled()
-            ahead = queued_before(self.run_dir)
-            if not ahead:
-                try:
-                    fcntl.flock(lock_fh, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            with queue_lock(self.lock):
+                mine = read_record(self.run_dir)
+                need = int(mine.get("workers") or 1)
+                capacity = self.capacity or need  # unknown: the job's own size, one at a time
+                verdict = decide(mine, other_records(self.run_dir), capacity)
+                if verdict.admitted:
                     self.check_cancelled()
+                    write_record(
+                        self.run_dir, state="running", slots=need, waiting_for="",
+                        started_at=time.time(),
+                    )  # fmt: skip
                     return
-                except BlockingIOError:
-                    ahead = ["the job that runs now"]
-            say = f"[trainstack] queued behind {', '.join(ahead)}\n"
-            if say != told:
-                with (self.run_dir / OUTPUT).open("a") as out:
-                    out.write(say)
-                told = say
+            if verdict.reason != told:
+                write_record(self.run_dir, waiting_for=verdict.reason)
+                self.say(verdict.reason)
+                told = verdict.reason
             time.sleep(QUEUE_POLL_SECONDS)
 
     def say(self, line: str) -> None:
@@ -235,6 +246,8 @@ class Runner:
         # A SIGTERM while no child runs is acted on at the next safe point (check_cancelled),
         # even right after the start: the job ends `cancelled`, never half-recorded.
         try:
+            # Why an earlier launch in this directory waited for cores is not this one's.
+            (self.run_dir / WAITING_FILE).unlink(missing_ok=True)
             write_record(
                 self.run_dir, state=phase, host=socket.gethostname(), pid=os.getpid(),
                 heartbeat=time.time(),
@@ -248,20 +261,42 @@ class Runner:
                     return self.finish(code, why)
                 phase = "queued"
                 write_record(self.run_dir, state=phase)
-            self.lock.parent.mkdir(parents=True, exist_ok=True)
-            with self.lock.open("a") as lock_fh:
-                self.wait_turn(lock_fh)
-                write_record(self.run_dir, state="running", started_at=time.time())
-                self.check_cancelled()
-                with (self.run_dir / OUTPUT).open("ab") as out:
-                    self.child = subprocess.Popen(
-                        self.command, stdout=out, stderr=subprocess.STDOUT,
-                        start_new_session=True,
-                    )  # fmt: skip
-                    code = self.wait_child()
+            self.wait_turn()
+            self.check_cancelled()
+            with (self.run_dir / OUTPUT).open("ab") as out:
+                self.child = subprocess.Popen(
+                    self.command,
+                    stdout=subprocess.PIPE if self.tee else out,
+                    stderr=subprocess.STDOUT,
+                    start_new_session=True,
+                )
+                copier = self.start_tee(out)
+                code = self.wait_child()
+                if copier is not None:
+                    copier.join(timeout=10)
         except CancelledError:
             return self.finish(None, f"cancelled while {phase}")
         return self.finish(code, "")
+
+    def start_tee(self, out: Any) -> threading.Thread | None:
+        """With `tee`: copy the child's output into the job's output and onto stdout as it
+        comes (the stack's declared job streams it to `pulumi up`)."""
+        if not self.tee:
+            return None
+        assert self.child is not None and self.child.stdout is not None
+        fd = self.child.stdout.fileno()
+
+        def copy() -> None:
+            for chunk in iter(lambda: os.read(fd, 65536), b""):
+                out.write(chunk)
+                out.flush()
+                with contextlib.suppress(OSError, ValueError):
+                    sys.stdout.buffer.write(chunk)
+                    sys.stdout.buffer.flush()
+
+        thread = threading.Thread(target=copy, daemon=True)
+        thread.start()
+        return thread
 
     def wait_child(self) -> int:
         assert self.child is not None
@@ -331,20 +366,31 @@ class Runner:
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     parser = argparse.ArgumentParser(
-        prog="python -m trainstack_training.runner",
-        usage="%(prog)s RUN_DIR --lock FILE [--epochs N] [--install SCRIPT] -- COMMAND ...",
+        prog="python -m trainstack_training.queue",
+        usage=(
+            "%(prog)s RUN_DIR --lock FILE [--epochs N] [--install SCRIPT] [--tee] -- COMMAND ..."
+        ),
     )
     parser.add_argument("run_dir")
     parser.add_argument("--lock", required=True)
     parser.add_argument("--epochs", type=int, default=0)
     parser.add_argument("--install", default="", help="the packages' install script")
+    parser.add_argument(
+        "--tee", action="store_true", help="the job's output on stdout too, as it comes"
+    )
+    parser.add_argument(
+        "--slots", type=int, default=0, help="the cluster's training slots (admission.py)"
+    )
     if "--" not in argv or argv.index("--") == len(argv) - 1:
         parser.error("no command after --")
     split = argv.index("--")
     args = parser.parse_args(argv[:split])
     run_dir = Path(args.run_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
-    return Runner(run_dir, Path(args.lock), argv[split + 1 :], args.epochs, args.install).run()
+    command = argv[split + 1 :]
+    return Runner(
+        run_dir, Path(args.lock), command, args.epochs, args.install, args.tee, args.slots
+    ).run()
 
 
 if __name__ == "__main__":

@@ -1,0 +1,164 @@
+"""The data stage's Spark jobs: the schema check of a set Spark reads and its size estimate,
+the "driver" path's one job (the set's columns, split and shard as an Arrow table), and the
+distributed path's two: one aggregation pass (the row counts, the label's checks, each
+feature's nulls and range over the training rows) and the write of the normalised features,
+the training rows partitioned by shard. A job's failure to read the set is one sentence here.
+
+Runs in the training driver process (`trainstack-train`), called by `prepare` (stage.py): it
+builds the jobs, and Spark's executors run them.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from trainstack_training.config import CLASSIFICATION, TrainConfig
+from trainstack_training.data.info import DataError
+from trainstack_training.data.sources import _java_cause, _spark_uri, storage_error
+from trainstack_training.data.stream import ROW_GROUP_BYTES
+from trainstack_training.data.task import non_numeric_label
+
+if TYPE_CHECKING:
+    from pyspark.sql import DataFrame
+
+
+def _check_schema(df: DataFrame, cfg: TrainConfig) -> tuple[list[str], bool]:
+    """Return (feature columns, label_is_integral); raise DataError on a bad schema."""
+    from pyspark.sql.types import FractionalType, IntegralType, NumericType
+
+    types = {f.name: f.dataType for f in df.schema.fields}
+    if cfg.label_col not in types:
+        raise DataError(
+            f"label column {cfg.label_col!r} is missing; columns are "
+            f"{sorted(types)} (set --label-col)"
+        )
+    wanted = cfg.feature_list() or [c for c in df.columns if c != cfg.label_col]
+    missing = [c for c in wanted if c not in types]
+    if missing:
+        raise DataError(f"feature columns {missing} are missing; columns are {sorted(types)}")
+    if not wanted:
+        raise DataError("no feature columns: the data set has only the label column")
+    bad = [
+        f"{c} ({types[c].simpleString()})" for c in wanted if not isinstance(types[c], NumericType)
+    ]
+    if bad:
+        raise DataError(f"feature columns must be numeric; not numeric: {bad}")
+    label_type = types[cfg.label_col]
+    if not isinstance(label_type, IntegralType | FractionalType):
+        sample = df.select(cfg.label_col).dropna().first()  # one small job, on failure only
+        raise non_numeric_label(
+            cfg.label_col,
+            label_type.simpleString(),
+            sample[0] if sample else None,
+            cfg.task,
+            cfg.n_classes,
+        )
+    return wanted, isinstance(label_type, IntegralType)
+
+
+def _estimated_bytes(df: DataFrame) -> int | None:
+    """Spark's size estimate of the read (the files' size; no job runs), None if unknown."""
+    try:
+        stats = df._jdf.queryExecution().optimizedPlan().stats()
+        return int(str(stats.sizeInBytes()))
+    except Exception:  # an API change must not break the job: take the distributed path
+        return None
+
+
+def _collect(df: DataFrame, uri: str) -> Any:
+    """The one Spark job of the driver path: the selected columns as an Arrow table."""
+    try:
+        return df.toArrow()
+    except Exception as exc:  # e.g. a path that vanished or unreadable files
+        raise _read_failure(uri, exc) from None
+
+
+def _read_failure(uri: str, exc: Exception) -> DataError:
+    """A Spark job's failure to read the data set, as one sentence: its Java exception's
+    first line, named (storage_error) where it says what went wrong."""
+    cause = _java_cause(exc)
+    return storage_error(uri, cause) or DataError(f"cannot read data at {uri!r}: {cause}")
+
+
+def _stats_columns(
+    F: Any,  # noqa: N803 (pyspark.sql.functions, as the PySpark idiom names it)
+    label: Any,
+    train: Any,
+    features: list[str],
+    label_integral: bool,
+) -> list[Any]:
+    """The aggregations of the data stage's one pass over the data: the row counts, the
+    label's checks, and each feature's nulls and its range over the training rows."""
+    aggs = [
+        F.count(F.lit(1)).alias("rows"),
+        F.sum(train.cast("long")).alias("train_rows"),
+        F.sum(label.isNull().cast("long")).alias("null_labels"),
+        F.min(label).alias("min_label"),
+        F.max(label).alias("max_label"),
+    ]
+    if not label_integral:
+        nonfinite = F.isnan(label) | (F.abs(label) == F.lit(float("inf")))
+        aggs.append(F.sum(nonfinite.cast("long")).alias("nonfinite_labels"))
+        aggs.append(F.first(F.when(nonfinite, label), ignorenulls=True).alias("nonfinite_example"))
+        fractional = ~nonfinite & (label != F.floor(label))
+        aggs.append(F.sum(fractional.cast("long")).alias("frac_labels"))
+        aggs.append(F.first(F.when(fractional, label), ignorenulls=True).alias("frac_example"))
+    for i, c in enumerate(features):
+        col = F.col(c).cast("double")
+        aggs += [
+            F.sum(col.isNull().cast("long")).alias(f"n{i}"),
+            F.min(F.when(train, col)).alias(f"lo{i}"),
+            F.max(F.when(train, col)).alias(f"hi{i}"),
+        ]
+    return aggs
+
+
+def _write_normalised(
+    F: Any,  # noqa: N803 (pyspark.sql.functions)
+    df: Any,
+    cfg: TrainConfig,
+    features: list[str],
+    stats: dict[str, Any],
+    columns: tuple[Any, Any, str],
+    dirs: tuple[Path, Path],
+) -> tuple[list[int], int]:
+    """Write the features scaled to [0, 1] by the training rows' ranges, the label and the
+    shard: the training rows partitioned by shard, the validation rows apart; the rows of
+    each shard and of the validation set."""
+    (label, shard, task), (train_dir, val_dir) = columns, dirs
+    norm = []
+    for i, c in enumerate(features):
+        lo, hi = float(stats[f"lo{i}"] or 0.0), float(stats[f"hi{i}"] or 0.0)
+        span = hi - lo if hi > lo else 1.0  # constant feature -> 0, not a division by zero
+        norm.append(((F.col(c).cast("double") - lo) / span).cast("float"))
+    out = df.select(
+        F.array(*norm).alias("features"),
+        label.cast("int" if task == CLASSIFICATION else "float").alias("label"),
+        shard.cast("int").alias("shard"),
+        F.col("_val"),
+    )
+    # Row groups of about ROW_GROUP_BYTES (Parquet's block size, compressed: a bound), the
+    # unit a streaming rank reads (data/stream.py).
+    block = str(ROW_GROUP_BYTES)
+    (
+        out.filter(~F.col("_val"))
+        .drop("_val")
+        .write.mode("overwrite")
+        .option("parquet.block.size", block)
+        .partitionBy("shard")
+        .parquet(_spark_uri(train_dir))
+    )
+    out.filter(F.col("_val")).drop("_val", "shard").write.mode("overwrite").option(
+        "parquet.block.size", block
+    ).parquet(_spark_uri(val_dir))
+    shard_rows = [_parquet_rows(train_dir / f"shard={k}") for k in range(cfg.workers)]
+    return shard_rows, _parquet_rows(val_dir)
+
+
+def _parquet_rows(path: Path) -> int:
+    import pyarrow.parquet as pq
+
+    if not path.exists():
+        return 0
+    return sum(pq.ParquetFile(f).metadata.num_rows for f in sorted(path.glob("*.parquet")))
