@@ -229,28 +229,35 @@ def main() -> None:
                 # A submitted job's manifest names its own data; else the stack's.
                 "data": stack_data(config),
                 "master_url": url,
-                # The most ranks a submitted job may ask for (`--workers`).
+                # The most ranks a submitted job may ask for (`--workers`), and whether jobs
+                # share them (the queue's capacity; trainstack:concurrentJobs).
                 "slots": config.training_slots,
+                "concurrent": config.concurrent_jobs,
                 # The experiment of a submitted job's MLflow run that names none (tracking):
                 # the stack's name on the engine, as the sync daemon's (roles/mlflow).
                 "stack": experiment,
             }
         ),
     )
+    # The declared job's ranks: its manifest's (`[job] workers`) unless the stack's
+    # trainWorkers is set; submitted jobs' defaults (jobDefaults) stay the stack's.
+    declared = dict(settings)
+    if spec.workers and not config.train_workers and config.train_strategy != "single":
+        declared["workers"] = spec.workers
     training = Training(
         "training",
         TrainingArgs(
             master_url=cluster.spark_master_url,
             submit_candidates=cluster.submit_candidates,
-            settings=settings,
-            trigger=training_trigger(config, settings),
+            settings=declared,
+            trigger=training_trigger(config, declared),
             job_source=str(config.job_path),
             env_wheels=str(env.wheels) if env else "",
             host_artifacts_dir=str(artifacts / "training"),
             monitoring=cluster.monitoring_url,
             tracking=tracking,
             stack=experiment,
-            slots=config.training_slots,
+            slots=config.training_slots if config.concurrent_jobs else 0,
             facts={
                 "params": spec.params,
                 "mode": spec.mode,

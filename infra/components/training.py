@@ -75,6 +75,15 @@ def _rank_logs(workers: int) -> list[str]:
     return [rank_log(rank) for rank in range(workers)]
 
 
+def _recorded_error(node: Transport, run_dir: str) -> str:
+    """The error the job's queue process recorded (a job cancelled while it was queued has no
+    output of its driver), or "" when there is none."""
+    try:
+        return str(json.loads(node.fetch(f"{run_dir}/{RECORD}")).get("error") or "")
+    except (TransportError, ValueError, AttributeError):
+        return ""
+
+
 def _results(framework: str) -> tuple[list[str], list[str]]:
     """What is copied back to the host (the files to try, the ones that must be there): the
     model, the metrics, the curves (optional). Shards and the backup stay on the cluster."""
@@ -292,9 +301,9 @@ class _TrainingJobProvider(ResourceProvider):
             log = host_dir / "job.log"
             write_details(log, stdout)
             ranks = _copy_files(node, run_dir, host_dir, _rank_logs(workers))
+            why = summary.get("error") or _recorded_error(node, run_dir) or stdout.strip()[-500:]
             raise TrainingError(
-                f"training job on {node.name} failed (exit {code}): "
-                f"{summary.get('error') or stdout.strip()[-500:]}; job output: {log}"
+                f"training job on {node.name} failed (exit {code}): {why}; job output: {log}"
                 + (f", each worker's own output: {host_dir}/rank-<N>.log" if ranks else "")
             )
         wanted, required = _results(str((props.get("facts") or {}).get("framework") or ""))

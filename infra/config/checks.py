@@ -158,6 +158,12 @@ def _job(c: StackValues) -> str | None:
         chosen_data(spec, "", c.train_data, _key("train_data"))
     except JobError as exc:
         return str(exc)
+    if spec.workers > c.training_slots and not c.train_workers:
+        return (
+            f"{_key('job')}: its manifest's [job] workers = {spec.workers}, but this cluster "
+            f"has {c.training_slots} training slots (one rank each); ask for at most "
+            f"{c.training_slots}, or set {_key('train_workers')}"
+        )
     return None
 
 

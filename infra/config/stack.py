@@ -79,6 +79,9 @@ class StackValues:
     # While no job runs in it, the warm runner stops as soon as another Spark application waits
     # for the cores it holds; False keeps them for the whole keep-alive.
     runner_yield: bool = True
+    # Jobs whose ranks fit the training slots run at once (docs/jobs.md, "The queue"); False:
+    # one job at a time, whatever its size.
+    concurrent_jobs: bool = True
     # Monitoring (docs/monitoring.md): Prometheus on the first control node.
     monitoring: bool = True
     monitoring_port: int = -1  # -1: uiPortBase + 1010 (19090), or 0 when uiPortBase is 0

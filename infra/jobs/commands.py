@@ -213,24 +213,31 @@ class Jobs:
         return sorted(found, key=lambda r: (r.get("submitted_at", 0), r.get("id", "")))
 
     # -- submit -------------------------------------------------------------------------
-    def check_workers(self, workers: int) -> None:
+    def check_workers(self, workers: int, given: str = "--workers") -> None:
         """A job's ranks fit the cluster's training slots (one rank a slot), before anything
-        is shipped: one sentence with both numbers otherwise."""
+        is shipped: one sentence with both numbers otherwise. `given`: where the number came
+        from (`--workers N`, or the manifest's `[job] workers = N`)."""
         slots = int(self.defaults.get("slots") or self.defaults["workers"])
+        what = f"{given} {workers}" if given == "--workers" else f"{given} = {workers}"
         if workers < 1:
-            raise CliError(f"--workers {workers}: a job needs at least 1 worker", EXIT_INPUT)
+            raise CliError(f"{what}: a job needs at least 1 worker", EXIT_INPUT)
         if workers > slots:
             raise CliError(
-                f"--workers {workers}: this cluster has {slots} training slot"
+                f"{what}: this cluster has {slots} training slot"
                 f"{'s' if slots != 1 else ''} (one rank each); ask for at most {slots}",
                 EXIT_INPUT,
             )
         if workers != int(self.defaults["workers"]) and self.defaults.get("strategy") == "single":
             raise CliError(
-                f"--workers {workers}: the stack trains with the `single` strategy (one worker "
+                f"{what}: the stack trains with the `single` strategy (one worker "
                 "with all of its cores); leave --workers out",
                 EXIT_INPUT,
             )
+
+    def queue_slots(self) -> int:
+        """The queue's capacity a submitted job's queue process is given: the cluster's training
+        slots, or 0 (one job at a time) with `trainstack:concurrentJobs` false."""
+        return int(self.defaults.get("slots") or 0) if self.defaults.get("concurrent", True) else 0
 
     def submit(
         self,
@@ -246,6 +253,9 @@ class Jobs:
             self.check_workers(int(overrides["workers"]))
         try:
             spec = load_spec(directory, params)
+            if spec.workers and "workers" not in overrides:  # --workers wins over the manifest
+                self.check_workers(spec.workers, "[job] workers")
+                overrides = {**overrides, "workers": spec.workers}
             packed: Packed = pack(directory)
             # The data set: --data, else the manifest's, else the stack's (docs/jobs.md,
             # Data); "none" for a job that reads its own data (then --data is refused).
@@ -291,7 +301,7 @@ class Jobs:
         )
         command = queued_command(
             launch, run_dir, f"trainstack-{job_id}", install=bool(install),
-            slots=int(self.defaults.get("slots") or 0),
+            slots=self.queue_slots(),
         )  # fmt: skip
         detached = f"setsid nohup {shlex.join(command)} >/dev/null 2>&1 </dev/null &"
         try:

@@ -26,7 +26,7 @@ MLFLOW_VENV = NODE_PATHS.mlflow_venv_dir
 MODELS_DIR = NODE_PATHS.models_dir
 # The jobs' code, content-addressed (<sha>/), on the same shared volume as the runs.
 JOBS_DIR = f"{MODELS_DIR}/{rundir.JOBS_DIR}"
-# One barrier job at a time: the stack's job and submitted jobs take this lock (flock).
+# The queue lock: each admission decision, for the stack's job and submitted jobs (flock).
 QUEUE_LOCK = f"{MODELS_DIR}/{rundir.QUEUE_LOCK}"
 JOB_USER = "trainstack"
 # What a login shell on a node gets from the common role's profile (NODE_PATHS.profile_file):

@@ -19,6 +19,10 @@ The modules run in file order, and each documents what it changes:
                        package, the regression example, then the default job again
   test_76_submit       `trainstack submit/status/logs/cancel/list`, packages, refusals
                        (cli.py: the `trainstack` helpers that test_76 to test_79 share)
+  test_77_side_by_side several jobs at once: two one-worker jobs admitted together, each
+                       equal to its run alone; a failed and a cancelled one beside a
+                       training one; `--workers` past the slots refused; the declared job
+                       in `list`
   test_77_yield        the warm runner yields to plain Spark applications; a job queued
                        behind one
   test_78_any_model    regressions in simple and full mode through `trainstack submit`

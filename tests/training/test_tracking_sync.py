@@ -383,8 +383,8 @@ def test_a_declared_job_launched_again_in_its_directory_is_a_second_run(
 def test_a_declared_job_that_did_not_succeed_is_a_run_that_says_so(
     tmp_path: Path, client: Any, exit_code: int, status: str
 ) -> None:
-    """The stack's declared job has no job.json: its launch's failed.json (cli.py) ends its
-    run, with the error."""
+    """A declared job's run from before declared jobs had a job.json: its launch's failed.json
+    (cli.py) ends its run, with the error (tracking.runfiles.earlier_record)."""
     run_dir = make_run(tmp_path, f"run-{exit_code:012d}", done=2)
     (run_dir / "job.json").unlink()
     assert not tracking.is_run_dir(run_dir)  # running: not a run until it ends

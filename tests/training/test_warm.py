@@ -84,42 +84,29 @@ def test_a_second_job_runs_in_the_application_the_first_started(state, tmp_path)
 
 
 def test_two_jobs_train_at_once_in_one_runner(state, tmp_path):
-    """Two one-worker jobs on local[2]'s two slots: both attach to the runner and train at the
-    same time (each waits at its first epoch's end until both have reached it), each in a
-    pool of its own under the FAIR scheduler, and both finish."""
+    """Two one-worker jobs on local[2]'s two slots, in one runner: the first holds its slot at
+    its first epoch's end; the second's distributed data stage (Spark SQL jobs, local_prep_mb
+    0) and then its barrier stage run on the other slot meanwhile, each job in a pool of its
+    own under the FAIR scheduler (no deadlock of a data stage and a barrier stage waiting for
+    slots); both finish once the hold is gone."""
     hold = tmp_path / "hold"
     hold.write_text("")
     outs = [tmp_path / "one", tmp_path / "two"]
-    jobs = [
-        subprocess.Popen(
-            [
-                sys.executable,
-                "-m",
-                "trainstack_training",
-                "--job-dir",
-                DIGITS_JOB,
-                *JOB,
-                "--epochs",
-                "2",
-                "--runner-keep-alive",
-                "120",
-                "--output",
-                str(out),
-                "--hold-file",
-                str(hold),
-            ],
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            text=True,
-        )
-        for out in outs
-    ]
+    extra = [[], ["--local-prep-mb", "0"]]
+
+    def start(out: Path, more: list[str]) -> subprocess.Popen:
+        return subprocess.Popen(
+            [sys.executable, "-m", "trainstack_training", "--job-dir", DIGITS_JOB, *JOB,
+             "--epochs", "2", "--runner-keep-alive", "120", "--output", str(out),
+             "--hold-file", str(hold), *more],
+            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        )  # fmt: skip
+
+    jobs = [start(outs[0], extra[0])]
     try:
-        _wait(
-            "both jobs at their first epoch's end at once",
-            lambda: all((out / "epochs.jsonl").exists() for out in outs),
-            300,
-        )
+        _wait("the first job at its first epoch's end", (outs[0] / "epochs.jsonl").exists, 300)
+        jobs.append(start(outs[1], extra[1]))
+        _wait("the second job at its first epoch's end", (outs[1] / "epochs.jsonl").exists, 300)
         hold.unlink()
         results = [job.communicate(timeout=300) for job in jobs]
     finally:
@@ -130,10 +117,9 @@ def test_two_jobs_train_at_once_in_one_runner(state, tmp_path):
     for job, (stdout, stderr) in zip(jobs, results, strict=True):
         assert job.returncode == 0, stderr[-3000:]
         assert json.loads(stdout.splitlines()[-1])["epochs"] == 2
-    app_ids = {
-        json.loads((out / "metrics.json").read_text())["spark_application_id"] for out in outs
-    }
-    assert app_ids == {_info(state)["app_id"]}, app_ids  # one application, the runner's
+    metrics = [json.loads((out / "metrics.json").read_text()) for out in outs]
+    assert {m["spark_application_id"] for m in metrics} == {_info(state)["app_id"]}
+    assert metrics[1]["data_path"] == "spark", metrics[1].get("data_path")
 
 
 def test_a_job_killed_mid_run_leaves_no_spark_job_in_the_runner(state, tmp_path):

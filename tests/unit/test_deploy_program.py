@@ -409,6 +409,7 @@ def test_docker_program_outputs(monkeypatch, tmp_path):
         **{k: v for k, v in settings.items() if k not in ("job_sha", "job_params")},
         "master_url": master,
         "slots": 2,  # the most ranks a submitted job may ask for: two workers, a core each
+        "concurrent": True,  # jobs share them (trainstack:concurrentJobs)
         "stack": "trainstack-unit",  # a submitted job's MLflow experiment when it names none
     }
     # Where `trainstack sync` and the declared job's sync run: the tracking node's record.

@@ -3,6 +3,7 @@ anything is launched: each bad job directory is one sentence naming the file and
 
 from __future__ import annotations
 
+import shutil
 from pathlib import Path
 
 import pytest
@@ -265,3 +266,14 @@ def test_the_packages_overlay_is_importable_after_the_jobs_own_code(tmp_path, mo
     assert sys.path[:2] == [str(job.resolve()), str(site)]
     monkeypatch.delitem(sys.modules, "m", raising=False)
     monkeypatch.delitem(sys.modules, "extrapkg", raising=False)
+
+
+def test_the_declared_jobs_manifest_workers_must_fit_the_cluster(tmp_path):
+    job = tmp_path / "sized"
+    shutil.copytree(EXAMPLES / "digits", job)
+    manifest = job / "trainstack.toml"
+    manifest.write_text(manifest.read_text().replace("[job]\n", "[job]\nworkers = 3\n"))
+    with pytest.raises(ConfigError) as caught:
+        StackConfig.from_mapping({"job": str(job)})
+    assert "[job] workers = 3, but this cluster has 2 training slots" in str(caught.value)
+    assert StackConfig.from_mapping({"job": str(job), "workers": "3"}).job_spec.workers == 3

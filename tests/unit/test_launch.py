@@ -273,3 +273,62 @@ def test_a_job_sized_in_workers_gets_that_many_ranks(monkeypatch, tmp_path):
     command = shlex.split(detached.removeprefix("setsid nohup ").split(" >/dev/null")[0])
     assert _flags(command[command.index("--") + 1 :])["--workers"] == "1"
     assert json.loads(node.written[f"{MODELS_DIR}/{job_id}/job.json"])["workers"] == 1
+
+
+def _with_workers(tmp_path: Path, value: str) -> Path:
+    job = tmp_path / "sized"
+    shutil.copytree(EXAMPLE, job)
+    manifest = job / "trainstack.toml"
+    manifest.write_text(manifest.read_text().replace("[job]\n", f"[job]\nworkers = {value}\n"))
+    return job
+
+
+def test_the_manifest_sizes_a_job_and_submit_workers_wins(monkeypatch, tmp_path):
+    node = SubmittingNode()
+    monkeypatch.setattr(commands, "transports_for", lambda records: [node])
+    monkeypatch.setattr(commands, "submitter", lambda nodes, check_venv=True: node)
+    monkeypatch.setattr(commands, "ship", lambda node, packed: None)
+    jobs = Jobs({"jobDefaults": {**STACK, "master_url": MASTER, "slots": 2},
+                 "jobNodes": ["ts-worker-1"]})  # fmt: skip
+    job = _with_workers(tmp_path, "1")
+    sized = jobs.submit(job, {}, {})
+    chosen = jobs.submit(job, {}, {"workers": 2})
+    records = {
+        path.rsplit("/", 2)[-2]: json.loads(data)
+        for path, data in node.written.items()
+        if path.endswith("/job.json")
+    }
+    assert records[sized]["workers"] == 1 and records[chosen]["workers"] == 2
+
+
+def test_a_manifest_larger_than_the_cluster_is_refused_before_anything_ships(monkeypatch, tmp_path):
+    node = SubmittingNode()
+    monkeypatch.setattr(commands, "transports_for", lambda records: [node])
+    monkeypatch.setattr(commands, "submitter", lambda nodes, check_venv=True: node)
+    jobs = Jobs({"jobDefaults": {**STACK, "master_url": MASTER, "slots": 2},
+                 "jobNodes": ["ts-worker-1"]})  # fmt: skip
+    with pytest.raises(commands.CliError) as caught:
+        jobs.submit(_with_workers(tmp_path, "3"), {}, {})
+    assert str(caught.value) == (
+        "[job] workers = 3: this cluster has 2 training slots (one rank each); ask for at most 2"
+    )
+    assert node.written == {}
+
+
+@pytest.mark.parametrize("value", ["0", "-1", '"two"', "true", "1.5"])
+def test_a_bad_manifest_workers_names_the_value(tmp_path, value):
+    from trainstack_training.manifest import JobError, load_spec
+
+    with pytest.raises(JobError) as caught:
+        load_spec(_with_workers(tmp_path, value))
+    assert "[job] workers = " in str(caught.value) and "an integer >= 1" in str(caught.value)
+
+
+@pytest.mark.parametrize(("concurrent", "slots"), [(True, ["--slots", "2"]), (False, [])])
+def test_concurrent_jobs_off_queues_one_job_at_a_time(monkeypatch, tmp_path, concurrent, slots):
+    """trainstack:concurrentJobs false: the queue process gets no capacity, so it admits one
+    job at a time (trainstack_training.queue); the refusal still uses the cluster's slots."""
+    defaults = {**STACK, "master_url": MASTER, "slots": 2, "concurrent": concurrent}
+    submitted, _ = _submitted(monkeypatch, tmp_path, defaults)
+    runner = submitted[: submitted.index("--") + 1]
+    assert runner[runner.index("--epochs") + 2 : -1] == slots

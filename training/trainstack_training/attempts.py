@@ -3,8 +3,9 @@ attempt, written by the first task of every attempt (launcher.py), counted by th
 launch.json: when this launch of the run started, written by the launcher when it starts the
 run afresh (a run resumed from its backup keeps it). failed.json: how a launch that did not
 succeed ended (`trainstack-train`'s error line, cli.py), dropped by the next launch. The
-tracking sync reads both for the stack's declared job, which has no job record: one MLflow run
-per launch, FAILED (or KILLED) with the error when it did not succeed."""
+tracking sync reads launch.json for the stack's declared job (one MLflow run per launch), and
+both for a declared run from before it had a job record (tracking.runfiles.earlier_record).
+Runs in the driver (`trainstack-train`) and its ranks."""
 
 from __future__ import annotations
 

@@ -22,6 +22,7 @@ A job is a directory with a manifest and the user's Python code::
     # label = "target"       # the label column (default "label")
     # metric = "val_mae"     # the metric the summary and the curves show first
     # experiment = "digits"  # the MLflow experiment of its runs (default: the stack's name)
+    # workers = 1            # its ranks, a training slot each (default: the stack's)
 
     [params]                 # defaults; the stack's trainstack:jobParams override them
     learning_rate = 0.001
@@ -46,7 +47,7 @@ MANIFEST = "trainstack.toml"
 _MODULE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*$")
 _JOB_KEYS = (
     "entry", "framework", "strategy", "requirements", "progress_timeout", "data", "task",
-    "label", "metric", "experiment",
+    "label", "metric", "experiment", "workers",
 )  # fmt: skip
 # The frameworks a job may name (`framework = "torch"`); TensorFlow is the default.
 TENSORFLOW, TORCH = "tensorflow", "torch"
@@ -91,6 +92,8 @@ class JobSpec:
     experiment: str = ""  # the MLflow experiment of its runs; "" = the stack's name (tracking)
     framework: str = TENSORFLOW  # which backend trains it (trainstack_training.frameworks)
     strategy: str = ""  # a torch job's: "ddp" (when "") or "fsdp"
+    # Its ranks, a training slot each (the queue, docs/jobs.md); 0 = the stack's.
+    workers: int = 0
 
     @property
     def reads_own_data(self) -> bool:
@@ -242,6 +245,15 @@ def load_spec(directory: str | Path, params: dict[str, Any] | None = None) -> Jo
             "directory, or an absolute path or URL)",
         )
     task, label, metric, experiment = _check_task(directory, job)
+    workers = job.get("workers", 0)
+    if "workers" in job and (
+        isinstance(workers, bool) or not isinstance(workers, int) or workers < 1
+    ):
+        raise _fail(
+            directory,
+            f"{MANIFEST}: [job] workers = {workers!r}: give the job's ranks, an integer >= 1 "
+            "(a training slot each); leave it out for the stack's",
+        )
     framework, strategy = _check_framework(directory, job, str(requirements or ""))
     merged = {
         **_check_params(directory, values.get("params", {}), "[params]"),
@@ -263,6 +275,7 @@ def load_spec(directory: str | Path, params: dict[str, Any] | None = None) -> Jo
         experiment=experiment,
         framework=framework,
         strategy=strategy,
+        workers=int(workers),
     )
 
 

@@ -186,7 +186,7 @@ def time_split(
 
 
 def write_outputs(metrics: dict[str, Any], out: Path, plot: bool = True) -> None:
-    write_json(out / METRICS_FILE, metrics, indent=2)
+    write_json(out / METRICS_FILE, metrics, indent=2, sort_keys=False)
     if plot:
         write_plot(metrics, out / PLOT_FILE)
 

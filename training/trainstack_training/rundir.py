@@ -93,7 +93,7 @@ STATES = ("installing", "queued", "running", *FINAL_STATES)
 
 # The runs directory (the models directory, which holds every run directory): what is in it
 # beside the runs.
-QUEUE_LOCK = ".barrier.lock"  # one barrier job at a time (the queue process, flock)
+QUEUE_LOCK = ".barrier.lock"  # one admission decision at a time (the queue process, flock)
 WARM_RUNNER_FILE = ".warm-runner.json"  # which node's warm runner holds the cores
 WARM_RUNNER_STOP = ".warm-runner.stop"  # a job on another node asks it to yield
 WARM_RUNNER_YIELDS = ".warm-runner.yields.json"  # the cluster's yields so far
@@ -127,17 +127,19 @@ def write_json(
     mode: int | None = None,
     first: bool = False,
     indent: int | None = None,
+    sort_keys: bool = True,
 ) -> bool:
     """Write `path` whole or not at all: readers on any node see the old file or the new one,
     never half of one. `mode`: the file's permission bits (from its creation on); `first`:
-    only when `path` is not there yet (the first writer wins; False when another was first).
+    only when `path` is not there yet (the first writer wins; False when another was first);
+    `indent`, `sort_keys`: as json.dumps's (a file people read keeps its keys' order).
     """
     tmp = path.with_name(f".{path.name}.{os.getpid()}.{threading.get_ident()}")
     # Created with `mode` (no window where the file is wider), else as open() would.
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o666 if mode is None else mode)
     try:
         with os.fdopen(fd, "w") as fh:
-            fh.write(json.dumps(value, sort_keys=True, indent=indent) + "\n")
+            fh.write(json.dumps(value, sort_keys=sort_keys, indent=indent) + "\n")
         if mode is not None:
             os.chmod(tmp, mode)  # the umask may have narrowed it
         if first:

@@ -23,7 +23,7 @@ from trainstack_training.data import DataInfo
 from trainstack_training.data.rank import NoRankData, RankData
 from trainstack_training.epochs import REPORTED_EPOCH
 from trainstack_training.manifest import JobSpec
-from trainstack_training.rundir import FAULT_MARKER as FAULT_MARKER  # TEST ONLY
+from trainstack_training.rundir import append_line
 from trainstack_training.watchdog import Watchdog
 
 # TEST ONLY hold hook (--hold-file): how often a held worker looks at the file again, and how
@@ -176,9 +176,9 @@ def call_train(run: RankRun, module: Any, ctx: JobContext) -> tuple[dict[str, fl
 
 
 def append_row(path: Path, row: dict[str, Any]) -> None:
-    """One epoch's row in the run's epochs.jsonl (the chief's only)."""
-    with path.open("a") as fh:
-        fh.write(json.dumps(row) + "\n")
+    """One epoch's row in the run's epochs.jsonl (the chief's only), in one write: its
+    readers (the queue process, the tracking sync) never see half a row."""
+    append_line(path, json.dumps(row))
 
 
 def pin_to_cores(task_index: int, cores: int) -> list[int]:

@@ -1,6 +1,8 @@
-"""Run one submitted job on a node: wait for its turn, run `trainstack-train`, record its state.
+"""A job's queue process on a node: wait for the job's admission, run `trainstack-train`,
+record its state.
 
-    python -m trainstack_training.queue RUN_DIR --lock FILE [--install SCRIPT] [--tee] -- <command>
+    python -m trainstack_training.queue RUN_DIR --lock FILE [--slots N] [--install SCRIPT]
+        [--tee] -- <command>
 
 (the command: trainstack-train and its arguments).
 
@@ -10,13 +12,13 @@ job (infra.components.training) runs it in the foreground with `--tee`, its outp
 record, ``RUN_DIR/job.json``, on shared storage, where `trainstack status` and `list` read it:
 ``installing`` while SCRIPT installs the job's packages into their overlay (only for a lock
 that is not on the cluster yet; an installing job does not hold the queue), ``queued`` until
-the job is the oldest queued job and holds the cluster's barrier lock (one barrier job at a
-time; the stack's own job takes the same lock), then ``running``, then ``succeeded``,
-``failed`` or ``cancelled``. A running job whose Spark application waits for cores that
-another application holds is shown ``queued`` again, with ``waiting_for`` saying which
-(trainstack-train's ``waiting.json``), until it has them. The job's output goes to
-``RUN_DIR/output.log``, with one line per finished epoch (from the run's epochs.jsonl) for
-`trainstack logs`.
+admission.py admits it (its ranks fit the cluster's N training slots, and no job is ahead of
+it: `waiting_for` says what it waits for), then ``running`` holding its `slots`, then
+``succeeded``, ``failed`` or ``cancelled``. A running job whose Spark application waits for
+cores that another application holds is shown ``queued`` again, with ``waiting_for`` saying
+which (trainstack-train's ``waiting.json``), until it has them; it keeps its slots. The job's
+output goes to ``RUN_DIR/output.log``, with one line per finished epoch (from the run's
+epochs.jsonl) for `trainstack logs`.
 
 SIGTERM (`trainstack cancel`) stops a running job the way Spark stops one: SIGINT to the
 driver, whose PySpark handler cancels its jobs (Spark kills the barrier tasks and their
@@ -83,11 +85,28 @@ def write_record(run_dir: Path, **changes: Any) -> dict[str, Any]:
         return update_json(run_dir / RECORD, **changes)
 
 
+# The records read so far, by path, with the (inode, mtime, size) they were read at: a runs
+# directory keeps every run that ever ended, and a waiting job decides twice a second.
+_READ: dict[Path, tuple[tuple[int, int, int], dict[str, Any]]] = {}
+
+
 def other_records(run_dir: Path) -> list[dict[str, Any]]:
-    """The records of the runs directory's other runs (the queue's ledger)."""
-    return [
-        read_json(path) for path in run_dir.parent.glob(f"*/{RECORD}") if path.parent != run_dir
-    ]
+    """The records of the runs directory's other runs (the queue's ledger); a record that has
+    not changed since it was last read is not read again."""
+    found = []
+    for path in run_dir.parent.glob(f"*/{RECORD}"):
+        if path.parent == run_dir:
+            continue
+        try:
+            st = path.stat()
+        except OSError:
+            continue
+        seen = _READ.get(path)
+        if seen is None or seen[0] != (st.st_ino, st.st_mtime_ns, st.st_size):
+            seen = ((st.st_ino, st.st_mtime_ns, st.st_size), read_json(path))
+            _READ[path] = seen
+        found.append(seen[1])
+    return found
 
 
 @contextlib.contextmanager
