@@ -3,7 +3,8 @@
     python bench/bench_concurrent_jobs.py --out bench/results/bench_concurrent_jobs.json [--jobs 6]
 
 Brings up a default stack of its own (2 workers, a training slot each; the node image as
-`make up` has it), warms the runner with one job, then, side by side in one run:
+`make up` has it), then, side by side in one run, each phase after one job that leaves the
+warm runner up (so neither pays its start):
 
 - **at once**: `--jobs` one-worker digits jobs submitted together; they run two at a time;
 - **one at a time**: the same, after `trainstack:concurrentJobs false` and an `up` (the queue
@@ -136,6 +137,7 @@ def main() -> None:
 
             stack.set_config(concurrentJobs="false")
             stack.up()
+            wait_ended(stack, [submit(stack, *one)])  # the same warm start as the other phase
             started = time.time()
             together = [submit(stack, *one) for _ in range(args.jobs)]
             result["one_at_a_time"] = summary(wait_ended(stack, together), started)

@@ -117,9 +117,10 @@ def test_a_job_larger_than_the_cluster_is_refused_with_both_numbers(platform):
     slots = int(platform.outputs()["jobDefaults"]["slots"])
     refused = trainstack(platform, "submit", str(EXAMPLES / "digits"), "--workers", str(slots + 1))
     assert refused.returncode == 2, refused.stdout + refused.stderr
-    assert refused.stderr.strip().splitlines()[-1].endswith(
-        f"--workers {slots + 1}: this cluster has {slots} training slots (one rank each); "
-        f"ask for at most {slots}"
+    said = refused.stderr.strip().splitlines()[-1]
+    assert said == (
+        f"trainstack: error: --workers {slots + 1}: this cluster has {slots} training slots "
+        f"(one rank each); ask for at most {slots}"
     ), refused.stderr
     assert "Traceback" not in refused.stderr
 

@@ -67,3 +67,32 @@ def test_a_declared_run_from_before_its_record_reads_the_same(tmp_path: Path) ->
         "failed",
         "the data set is missing",
     )
+
+
+def test_a_declared_launch_is_not_synced_before_its_driver_stamped_it(tmp_path: Path) -> None:
+    """The stack's job launched again in its directory gets a new record; the launch.json there
+    is the earlier launch's until the new driver stamps it (resumed: the same stamp, so the
+    same MLflow run; fresh: a new one). Until then the sync leaves the run alone, so an
+    earlier launch's finished run is never reopened."""
+    from trainstack_training.tracking.sync import sync_run
+
+    run = tmp_path / "run-abc"
+    run.mkdir()
+    write_json(run / RECORD, {**RECORD_OF, "submitted_at": 10.0})
+    record_launch(run, fresh=True)
+    first = RunFiles.read(run).launch
+    assert RunFiles.read(run).launched and first
+    write_json(run / RECORD, {**RECORD_OF, "submitted_at": 20.0, "state": "queued"})
+    assert not RunFiles.read(run).launched
+
+    class NoServer:
+        def __getattr__(self, name: str):
+            raise AssertionError(f"the sync asked the server ({name}) for a pending launch")
+
+    done = sync_run(run, NoServer())  # type: ignore[arg-type]
+    assert (done.skipped, done.status, done.run_id) == (True, "PENDING", "")
+    record_launch(run, fresh=False)  # resumed from its backup: the same MLflow run goes on
+    assert RunFiles.read(run).launched and RunFiles.read(run).launch == first
+    write_json(run / RECORD, {**RECORD_OF, "submitted_at": 30.0})
+    record_launch(run, fresh=True)  # started afresh: a run of its own
+    assert RunFiles.read(run).launched and RunFiles.read(run).launch != first

@@ -16,6 +16,7 @@ from trainstack_training.rundir import (
     ATTEMPTS_LOG,
     FAILED_FILE,
     LAUNCH_FILE,
+    RECORD,
     append_line,
     read_json,
     write_json,
@@ -27,10 +28,20 @@ EXIT_CANCELLED = 130
 
 
 def record_launch(out: Path, *, fresh: bool) -> None:
-    """Stamp a launch of the run: a fresh one always, a resumed one when it has no stamp."""
-    path = out / LAUNCH_FILE
-    if fresh or not path.exists():
-        write_json(path, {"launched_at": round(time.time(), 3)})
+    """Stamp a launch of the run: a fresh one always, a resumed one when it has no stamp. The
+    stamp names the job record it was made for (its `submitted_at`): the stack's declared job
+    gets a new record at every launch, and until its driver has stamped this one, the
+    directory's launch.json is an earlier launch's (tracking.runfiles: not synced yet)."""
+    stamp = None if fresh else launched_at(out)
+    if stamp is None:
+        stamp = round(time.time(), 3)
+    record = read_json(out / RECORD).get("submitted_at")
+    write_json(out / LAUNCH_FILE, {"launched_at": stamp, "record": record})
+
+
+def launch_record(out: Path) -> object:
+    """The job record's `submitted_at` the run's launch stamp was made for (None: none)."""
+    return read_json(out / LAUNCH_FILE).get("record")
 
 
 def launched_at(out: Path) -> float | None:

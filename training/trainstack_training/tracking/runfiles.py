@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from trainstack_training.attempts import EXIT_CANCELLED, launched_at
+from trainstack_training.attempts import EXIT_CANCELLED, launch_record, launched_at
 from trainstack_training.epochs import is_metric
 from trainstack_training.rundir import (
     EPOCH_LOG,
@@ -71,6 +71,16 @@ class RunFiles:
         if self.record.get("origin", "submit") != "stack" or self.launched_at is None:
             return ""
         return f"{self.launched_at:.3f}"
+
+    @property
+    def launched(self) -> bool:
+        """The stack's declared job's driver has stamped this launch (its launch.json names
+        this record): until then the directory's stamp is an earlier launch's, and the run is
+        not synced, so that an earlier launch's MLflow run is never reopened. Always True for
+        a submitted job (its run starts at `queued`) and for a run from before records."""
+        if self.record.get("origin", "submit") != "stack" or "submitted_at" not in self.record:
+            return True
+        return launch_record(self.run_dir) == self.record["submitted_at"]
 
     @property
     def job_id(self) -> str:

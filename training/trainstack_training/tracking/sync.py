@@ -222,6 +222,8 @@ def _sync_run(run_dir: Path, client: MlflowClient, *, stack: str, ui_url: str) -
     from mlflow.entities import Param, RunTag
 
     files = RunFiles.read(run_dir)
+    if not files.launched:  # the declared job's new launch, before its driver stamped it
+        return Synced(files.job_id, status="PENDING", skipped=True)
     signature = files_signature(run_dir)
     run, have = known_run(client, files)
     if run is None:
