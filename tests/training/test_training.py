@@ -291,6 +291,24 @@ def test_too_few_slots_are_left_to_the_barrier_check_after_sparks_wait() -> None
     assert 0.8 < time.perf_counter() - start < 5
 
 
+def test_executors_the_master_has_granted_are_waited_for_longer(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """One executor has registered; the master has granted the cores of both (the second's
+    JVM is still starting on a loaded machine): waited for as the first one is, not for
+    Spark's 30 s (a CI run's ssh stack failed its first job that way)."""
+    monkeypatch.setattr(spark, "FIRST_EXECUTOR_WAIT_SECONDS", 2.5)
+    monkeypatch.setattr(spark.CoreQueue, "CHECK_SECONDS", 0.0)
+    own = Application(_Cluster.applicationId, "trainstack-runner", 2, "RUNNING", 1024)
+    view = MasterView("http://m1:8080/json/", (own,), 0, (4096,))
+    monkeypatch.setattr(spark, "alive_master", lambda *args, **kwargs: view)
+    cluster = _Cluster([1] * 8 + [2], registered_wait_ms=300)
+    start = time.perf_counter()
+    wait_for_slots(cluster, TrainConfig(**_CLUSTER_CFG))  # type: ignore[arg-type]
+    assert cluster.polls == 9, cluster.polls  # waited until the second executor's slot
+    assert time.perf_counter() - start < 5
+
+
 def test_no_executor_yet_is_waited_for_longer(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(spark, "FIRST_EXECUTOR_WAIT_SECONDS", 2.5)
     cluster = _Cluster([0], registered_wait_ms=500)

@@ -170,8 +170,9 @@ def wait_for_slots(
     there, wait as Spark itself waits for resources before it schedules
     (`spark.scheduler.maxRegisteredResourcesWaitingTime`, from the context's start, or from
     `since` when the job joined a context that was already up (a warm runner); while there
-    are none, up to FIRST_EXECUTOR_WAIT_SECONDS. A cluster that never has the slots is left
-    to the barrier stage's own check, which fails with a ClusterError.
+    are none, or while the master has granted the cores of every worker and their executors
+    are still starting, up to FIRST_EXECUTOR_WAIT_SECONDS. A cluster that never has the
+    slots is left to the barrier stage's own check, which fails with a ClusterError.
 
     Returns the seconds the job was queued behind other applications."""
     if effective_master(cfg).startswith("local"):
@@ -195,7 +196,13 @@ def wait_for_slots(
                 time.sleep(0.2)
                 continue
             waited = time.time() - started
-            if waited >= (registered_wait if slots else FIRST_EXECUTOR_WAIT_SECONDS):
+            # The master has granted this application the cores of every worker: the
+            # executors are starting (a JVM each, slow on a loaded machine), so they are
+            # waited for as the first one is, not for Spark's 30 s.
+            launching = queue.granted >= cfg.workers * cfg.cores_per_worker
+            if waited >= (
+                registered_wait if slots and not launching else FIRST_EXECUTOR_WAIT_SECONDS
+            ):
                 break
             if waited >= told + 15:  # as Spark's "Initial job has not accepted any resources"
                 told = int(waited)
@@ -227,6 +234,7 @@ class CoreQueue:
         self.said = ""
         self.since = 0.0  # when the job was last seen queued
         self.queued_seconds = 0.0
+        self.granted = 0  # the cores the master has granted this application (executors)
 
     def held_elsewhere(self) -> bool:
         """Whether other applications hold cores while this one has too few (told once per
@@ -234,6 +242,8 @@ class CoreQueue:
         if time.monotonic() - self.checked >= self.CHECK_SECONDS:
             self.checked = time.monotonic()
             view = alive_master(self.cfg.master, self.cfg.master_ui_port)
+            own = [a for a in view.apps if a.id == self.app_id] if view else []
+            self.granted = own[0].cores if own else 0
             # No free core for this application: the cores it waits for are the others'.
             self.holders = view.holders(self.app_id) if view and view.free_cores == 0 else []
             reason = (
