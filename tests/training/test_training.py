@@ -300,13 +300,35 @@ def test_executors_the_master_has_granted_are_waited_for_longer(
     monkeypatch.setattr(spark, "FIRST_EXECUTOR_WAIT_SECONDS", 2.5)
     monkeypatch.setattr(spark.CoreQueue, "CHECK_SECONDS", 0.0)
     own = Application(_Cluster.applicationId, "trainstack-runner", 2, "RUNNING", 1024)
-    view = MasterView("http://m1:8080/json/", (own,), 0, (4096,))
+    view = MasterView("http://m1:8080/json/", (own,), 0, (4096, 4096), total_cores=2)
     monkeypatch.setattr(spark, "alive_master", lambda *args, **kwargs: view)
     cluster = _Cluster([1] * 8 + [2], registered_wait_ms=300)
     start = time.perf_counter()
     wait_for_slots(cluster, TrainConfig(**_CLUSTER_CFG))  # type: ignore[arg-type]
     assert cluster.polls == 9, cluster.polls  # waited until the second executor's slot
     assert time.perf_counter() - start < 5
+
+
+def test_a_worker_still_registering_with_the_master_is_waited_for(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The master knows one worker of the two the job needs (the other registers late: a
+    master that started after it, as on the ssh target's first `up`): waited for as the first
+    executor is, not for Spark's 30 s; with both workers known and the cores not granted, the
+    job is left to the barrier check after Spark's wait, as before."""
+    monkeypatch.setattr(spark, "FIRST_EXECUTOR_WAIT_SECONDS", 2.5)
+    monkeypatch.setattr(spark.CoreQueue, "CHECK_SECONDS", 0.0)
+    own = Application(_Cluster.applicationId, "trainstack-runner", 1, "RUNNING", 1024)
+    one_worker = MasterView("http://m1:8080/json/", (own,), 0, (4096,), total_cores=1)
+    monkeypatch.setattr(spark, "alive_master", lambda *args, **kwargs: one_worker)
+    cluster = _Cluster([1] * 8 + [2], registered_wait_ms=300)
+    wait_for_slots(cluster, TrainConfig(**_CLUSTER_CFG))  # type: ignore[arg-type]
+    assert cluster.polls == 9, cluster.polls
+    both = MasterView("http://m1:8080/json/", (own,), 1, (4096, 4096), total_cores=2)
+    monkeypatch.setattr(spark, "alive_master", lambda *args, **kwargs: both)
+    cluster = _Cluster([1] * 8 + [2], registered_wait_ms=300)
+    wait_for_slots(cluster, TrainConfig(**_CLUSTER_CFG))  # type: ignore[arg-type]
+    assert cluster.polls < 9, cluster.polls
 
 
 def test_no_executor_yet_is_waited_for_longer(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -197,9 +197,12 @@ def wait_for_slots(
                 continue
             waited = time.time() - started
             # The master has granted this application the cores of every worker: the
-            # executors are starting (a JVM each, slow on a loaded machine), so they are
-            # waited for as the first one is, not for Spark's 30 s.
-            launching = queue.granted >= cfg.workers * cfg.cores_per_worker
+            # executors are starting (a JVM each, slow on a loaded machine); or the workers
+            # registered with the master have fewer cores than the job needs: a worker is
+            # still registering (a master that started late, a takeover). Either way they are
+            # waited for as the first executor is, not for Spark's 30 s.
+            need = cfg.workers * cfg.cores_per_worker
+            launching = queue.granted >= need or 0 <= queue.registered < need
             if waited >= (
                 registered_wait if slots and not launching else FIRST_EXECUTOR_WAIT_SECONDS
             ):
@@ -235,6 +238,7 @@ class CoreQueue:
         self.since = 0.0  # when the job was last seen queued
         self.queued_seconds = 0.0
         self.granted = 0  # the cores the master has granted this application (executors)
+        self.registered = -1  # the cores of the workers registered with the master (-1: unknown)
 
     def held_elsewhere(self) -> bool:
         """Whether other applications hold cores while this one has too few (told once per
@@ -244,6 +248,7 @@ class CoreQueue:
             view = alive_master(self.cfg.master, self.cfg.master_ui_port)
             own = [a for a in view.apps if a.id == self.app_id] if view else []
             self.granted = own[0].cores if own else 0
+            self.registered = view.total_cores if view else -1
             # No free core for this application: the cores it waits for are the others'.
             self.holders = view.holders(self.app_id) if view and view.free_cores == 0 else []
             reason = (

@@ -50,6 +50,7 @@ class MasterView:
     apps: tuple[Application, ...]
     free_cores: int  # on ALIVE workers
     worker_memory_mb: tuple[int, ...]  # each ALIVE worker's total memory for executors
+    total_cores: int = 0  # of the ALIVE workers, used or free
 
     def others(self, own_app_id: str) -> list[Application]:
         return [a for a in self.apps if a.id != own_app_id]
@@ -95,6 +96,7 @@ def parse(url: str, page: dict[str, Any]) -> MasterView:
         apps=apps,
         free_cores=sum(int(w.get("coresfree", 0) or 0) for w in alive),
         worker_memory_mb=tuple(int(w.get("memory", 0) or 0) for w in alive),
+        total_cores=sum(int(w.get("cores", 0) or 0) for w in alive),
     )
 
 
