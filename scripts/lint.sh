@@ -5,7 +5,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 ruff check .
 ruff format --check .
-mypy infra training
+mypy infra training trainstack
 yamllint -s .
 ansible-lint
 python -m infra.monitoring check

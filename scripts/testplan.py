@@ -3,7 +3,7 @@
 
     testplan.py speed             the machine-speed index (a fixed CPU workload, timed)
     testplan.py fast              lint beside the unit tests
-    testplan.py engine            the engine tier: two stages of two streams each
+    testplan.py engine            the engine tier: each stream starts when those it needs passed
     testplan.py record NAME SECS  one timed step of CI (setup, clean, total)
     testplan.py table             the CI time table of what was recorded
 
@@ -21,6 +21,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import queue
 import shlex
 import subprocess
 import sys
@@ -37,11 +38,13 @@ NOT_UNIT = "not unit"
 
 @dataclass(frozen=True)
 class Stream:
-    """One command run beside others; `paths` are the test paths its pytest runs, in order."""
+    """One command run beside others; `paths` are the test paths its pytest runs, in order.
+    It starts as soon as every stream named in `after` (listed before it) has passed."""
 
     name: str
     paths: tuple[str, ...] = ()
     command: tuple[str, ...] = ()
+    after: tuple[str, ...] = ()
 
 
 # Lint and the unit tests share no state (the unit tests start no engine): side by side.
@@ -50,34 +53,36 @@ FAST = (
     Stream("unit", paths=("tests",)),
 )
 
-# The engine tier, in two stages whose streams run side by side; a stage starts when the one
-# before it passed. The machine's cores are busy through both stages (the table's CPU column):
-# the streams are paired so that neither waits long for the other, not to gain idle CPU.
-#   stage 1: the newcomer test bakes this tree's node image that every later stack reuses; the
-#            images module checks that bake. The training tier (local Spark, no engine) needs
-#            no image and runs beside the bake.
-#   stage 2: the shared platform stack (the longest module) beside the modules that build
-#            small stacks of their own from the node image: integration, the engine tests that
-#            live among the unit tests, provisioning, and the ssh target.
+# The engine tier: each stream starts as soon as the streams it needs (`after`) have passed,
+# not when every stream started before it has ended. These needs let no more than two run at
+# once: on this 2-core machine two streams keep the cores busy (the table's CPU column), and a
+# third would only share them.
+#   newcomer+images (about 9 min): the newcomer test bakes this tree's node image that every
+#       later stack reuses; the images module checks that bake. Needs nothing.
+#   training (about 13 min): the training tier, local Spark, no engine, no image. Needs
+#       nothing: it runs beside the bake.
+#   platform (about 38 min, the critical path): the shared platform stack. Needs only the
+#       image, so it starts when the bake passed, beside training's last minutes.
+#   stacks+ssh (about 20 min): the modules that build small stacks of their own from the node
+#       image: integration, the engine tests that live among the unit tests, provisioning, and
+#       the ssh target. Needs the image, and waits for training too, so that it is not a third
+#       CPU-heavy stream beside training and platform.
 # Every test directory is in exactly one stream, and each engine test among the unit tests is
 # named (tests/unit/test_testplan.py checks both); a new module in one of these directories
 # runs in its stream without an edit here.
 ENGINE = (
-    (
-        Stream("newcomer+images", paths=("tests/newcomer", "tests/images")),
-        Stream("training", paths=("tests/training",)),
-    ),
-    (
-        Stream("platform", paths=("tests/platform",)),
-        Stream(
-            "stacks+ssh",
-            paths=(
-                "tests/integration",
-                "tests/unit/test_cancelled_program.py",
-                "tests/provisioning",
-                "tests/ssh",
-            ),
+    Stream("newcomer+images", paths=("tests/newcomer", "tests/images")),
+    Stream("training", paths=("tests/training",)),
+    Stream("platform", paths=("tests/platform",), after=("newcomer+images",)),
+    Stream(
+        "stacks+ssh",
+        paths=(
+            "tests/integration",
+            "tests/unit/test_cancelled_program.py",
+            "tests/provisioning",
+            "tests/ssh",
         ),
+        after=("newcomer+images", "training"),
     ),
 )
 
@@ -196,76 +201,151 @@ def wait_with_usage(proc: subprocess.Popen) -> tuple[int, float]:
     return proc.returncode, usage.ru_utime + usage.ru_stime
 
 
+def check_graph(streams: tuple[Stream, ...]) -> None:
+    """Names are unique and each stream needs only streams listed before it (so no cycle)."""
+    seen: set[str] = set()
+    for stream in streams:
+        if stream.name in seen:
+            raise ValueError(f"two streams named {stream.name}")
+        unknown = [n for n in stream.after if n not in seen]
+        if unknown:
+            raise ValueError(f"{stream.name} needs {unknown}, which no stream before it is")
+        seen.add(stream.name)
+
+
+def describe(streams: tuple[Stream, ...]) -> str:
+    """`a beside b; c after a; d after a, b`: what starts at once, then what waits for what."""
+    parts = [" beside ".join(s.name for s in streams if not s.after)]
+    parts += [f"{s.name} after {', '.join(s.after)}" for s in streams if s.after]
+    return "; ".join(parts)
+
+
 class Streams:
-    """Runs commands side by side, each line prefixed with its stream's name."""
+    """Runs a graph of streams: each starts as soon as the streams it needs have passed, beside
+    whatever else runs, its lines prefixed with its name. Once a stream failed no other starts
+    (those not started are not run, their code None); the ones running are left to finish."""
 
     def __init__(self) -> None:
         self.lock = threading.Lock()
-        self.codes: dict[str, int] = {}
+        self.codes: dict[str, int | None] = {}
+        self.ended: queue.Queue[str] = queue.Queue()
+        self.origin = time.monotonic()
 
     def _follow(self, name: str, proc: subprocess.Popen, log, started: float) -> None:
-        """Prints and logs the stream's lines; at its end, records its exit and wall time (of
-        this stream alone: the streams of a stage end in any order)."""
-        assert proc.stdout is not None
-        with log:
-            for line in proc.stdout:
-                log.write(line)
-                with self.lock:
-                    sys.stdout.write(f"[{name}] {line}")
-                    sys.stdout.flush()
-        code, cpu_s = wait_with_usage(proc)
-        seconds = time.monotonic() - started
-        write_record(f"stream-{name}", seconds=round(seconds, 1), exit=code, cpu_s=round(cpu_s, 1))
-        with self.lock:
-            self.codes[name] = code
-            print(f"[{name}] finished: exit {code} after {clock(seconds)}", flush=True)
-
-    def run(self, streams: tuple[Stream, ...], marker: str) -> dict[str, int]:
-        directory = times_dir()
-        running = []
-        for stream in streams:
-            command = stream_command(stream, marker)
-            env = dict(
-                os.environ, TRAINSTACK_TIMES_FILE=str(directory / f"pytest-{stream.name}.json")
-            )
-            log = (directory / f"{stream.name}.log").open("w")
-            print(f"[{stream.name}] $ {shlex.join(command)}", flush=True)
-            proc = subprocess.Popen(
-                command,
-                cwd=ROOT,
-                env=env,
-                stdout=subprocess.PIPE,
-                stderr=subprocess.STDOUT,
-                text=True,
-                errors="replace",
-            )
-            follow = threading.Thread(
-                target=self._follow,
-                args=(stream.name, proc, log, time.monotonic()),
-                daemon=True,
-            )
-            follow.start()
-            running.append((proc, follow))
+        """Prints and logs the stream's lines; at its end, records its exit, wall time (of
+        this stream alone: streams end in any order) and start since the tier's."""
         try:
-            for _, follow in running:
-                while follow.is_alive():
-                    follow.join(timeout=1.0)  # a timeout, so that Ctrl-C reaches this thread
-        except KeyboardInterrupt:
-            for proc, _ in running:
+            assert proc.stdout is not None
+            with log:
+                for line in proc.stdout:
+                    log.write(line)
+                    with self.lock:
+                        sys.stdout.write(f"[{name}] {line}")
+                        sys.stdout.flush()
+            code, cpu_s = wait_with_usage(proc)
+            seconds = time.monotonic() - started
+            write_record(
+                f"stream-{name}",
+                seconds=round(seconds, 1),
+                exit=code,
+                cpu_s=round(cpu_s, 1),
+                started_s=round(started - self.origin, 1),
+            )
+            with self.lock:
+                self.codes[name] = code
+                print(f"[{name}] finished: exit {code} after {clock(seconds)}", flush=True)
+        finally:
+            self.ended.put(name)  # a follower that broke leaves no code: -1, a failure
+
+    def _start(self, stream: Stream, marker: str) -> subprocess.Popen:
+        directory = times_dir()
+        command = stream_command(stream, marker)
+        env = dict(os.environ, TRAINSTACK_TIMES_FILE=str(directory / f"pytest-{stream.name}.json"))
+        log = (directory / f"{stream.name}.log").open("w")
+        started = time.monotonic()
+        with self.lock:
+            if stream.after:
+                print(
+                    f"testplan: {stream.name} starts at +{clock(started - self.origin)}, "
+                    f"after {', '.join(stream.after)}",
+                    flush=True,
+                )
+            print(f"[{stream.name}] $ {shlex.join(command)}", flush=True)
+        proc = subprocess.Popen(
+            command,
+            cwd=ROOT,
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+            errors="replace",
+        )
+        threading.Thread(
+            target=self._follow, args=(stream.name, proc, log, started), daemon=True
+        ).start()
+        return proc
+
+    def _not_run(self, stream: Stream) -> None:
+        self.codes[stream.name] = None
+        write_record(f"stream-{stream.name}", not_run=True)
+        for stale in (f"pytest-{stream.name}.json", f"{stream.name}.log"):  # an earlier run's
+            (times_dir() / stale).unlink(missing_ok=True)
+
+    def run(self, streams: tuple[Stream, ...], marker: str) -> dict[str, int | None]:
+        check_graph(streams)
+        self.origin = time.monotonic()
+        pending = list(streams)
+        running: dict[str, subprocess.Popen] = {}
+        try:
+            while pending or running:
+                with self.lock:
+                    ready = [s for s in pending if all(ok(self.codes.get(n)) for n in s.after)]
+                for stream in ready:
+                    pending.remove(stream)
+                    running[stream.name] = self._start(stream, marker)
+                if not running:
+                    break  # cannot happen with needs listed first: nothing left could start
+                try:
+                    name = self.ended.get(timeout=1.0)  # a timeout, so that Ctrl-C reaches here
+                except queue.Empty:
+                    continue
+                del running[name]
+                code = self.codes.setdefault(name, -1)
+                if not ok(code) and pending:
+                    waiting = ", ".join(s.name for s in pending)
+                    print(
+                        f"testplan: {name} failed; not starting {waiting}"
+                        + (f"; {', '.join(running)} left to finish" if running else ""),
+                        flush=True,
+                    )
+                    for stream in pending:
+                        self._not_run(stream)
+                    pending = []
+        except BaseException:  # Ctrl-C, or a stream that could not start: stop the others
+            for proc in running.values():
                 proc.terminate()
             raise
-        return {s.name: self.codes.get(s.name, -1) for s in streams}
+        for stream in pending:
+            self._not_run(stream)
+        return {s.name: self.codes.get(s.name) for s in streams}
 
 
-def passed(codes: dict[str, int]) -> bool:
-    # 5: pytest collected nothing, which only a narrowing PYTEST_ARGS (-k, -m) may cause.
+def ok(code: int | None) -> bool:
+    """A stream passed. 5: pytest collected nothing, which only a narrowing PYTEST_ARGS (-k,
+    -m) may cause. None: not run."""
     narrowed = bool(os.environ.get("PYTEST_ARGS", "").strip())
-    return all(code == 0 or (code == 5 and narrowed) for code in codes.values())
+    return code == 0 or (code == 5 and narrowed)
 
 
-def report_failures(codes: dict[str, int]) -> None:
+def passed(codes: dict[str, int | None]) -> bool:
+    return all(ok(code) for code in codes.values())
+
+
+def report_failures(codes: dict[str, int | None]) -> None:
     for name, code in codes.items():
-        if code not in (0, 5):
+        if code is None:
+            print(f"testplan: stream {name} not run: a stream failed before it started", flush=True)
+        elif code not in (0, 5):
             print(
                 f"testplan: stream {name} failed (exit {code}); its whole log: "
                 f"{times_dir() / (name + '.log')}",
@@ -309,8 +389,8 @@ def memory_used_gib() -> float:
 
 
 class Load:
-    """How busy the machine was while a stage ran: the share of all cores busy over the whole
-    stage (1.0: every core all the time; then another stream beside these gains nothing), the
+    """How busy the machine was while a tier ran: the share of all cores busy over the whole
+    tier (1.0: every core all the time; then another stream beside these gains nothing), the
     share of its 10-second samples with every core above 90 % busy, and the peak memory used.
     """
 
@@ -357,7 +437,7 @@ class Load:
 
 
 def cpu_minutes(record: dict) -> float | None:
-    """A stage's CPU work in CPU-minutes: its share of all cores busy x the cores x its
+    """A tier's CPU work in CPU-minutes: its share of all cores busy x the cores x its
     length (what CI's wall time is bound by on a machine whose cores it keeps busy)."""
     if record.get("cpu_busy") is None or record.get("seconds") is None:
         return None
@@ -378,26 +458,24 @@ def load_note(record: dict) -> str:
     return note + f", memory peak {record['memory_peak_gib']} GiB"
 
 
-def run_tier(tier: str, stages: tuple[tuple[Stream, ...], ...], marker: str) -> int:
+def run_tier(tier: str, streams: tuple[Stream, ...], marker: str) -> int:
+    """Runs the tier's graph of streams; its record `tier-NAME` holds its wall time, its exit
+    and the machine's load over the whole tier (the streams overlap: no stage of its own)."""
     started = time.monotonic()
-    for number, streams in enumerate(stages, 1):
-        stage_started = time.monotonic()
-        names = " beside ".join(s.name for s in streams)
-        print(f"testplan: {tier} stage {number}/{len(stages)}: {names}", flush=True)
-        load = Load()
-        codes = Streams().run(streams, marker)
-        write_record(
-            f"stage-{tier}-{number}",
-            seconds=round(time.monotonic() - stage_started, 1),
-            **load.fields(),
-        )
-        if not passed(codes):
-            report_failures(codes)
-            write_record(f"tier-{tier}", seconds=round(time.monotonic() - started, 1), exit=1)
-            print(f"testplan: {tier} tier failed at stage {number}; later stages not run")
-            return 1
-    write_record(f"tier-{tier}", seconds=round(time.monotonic() - started, 1), exit=0)
-    return 0
+    print(f"testplan: {tier} tier: {describe(streams)}", flush=True)
+    load = Load()
+    codes = Streams().run(streams, marker)
+    failed = not passed(codes)
+    write_record(
+        f"tier-{tier}",
+        seconds=round(time.monotonic() - started, 1),
+        exit=int(failed),
+        **load.fields(),
+    )
+    if failed:
+        report_failures(codes)
+        print(f"testplan: {tier} tier failed", flush=True)
+    return int(failed)
 
 
 # ---------------------------------------------------------------------------------------- table
@@ -426,44 +504,36 @@ def table_lines(records: dict[str, dict]) -> list[str]:
         return records[name]["seconds"] if name in records else None
 
     row("setup", seconds_of("setup"))
-    tiers = (("fast", (FAST,)), ("engine", ENGINE))
+    tiers = (("fast", FAST), ("engine", ENGINE))
     totals = {"passed": 0, "failed": 0, "error": 0, "skipped": 0}
-    for tier, stages in tiers:
+    for tier, streams in tiers:
         if f"tier-{tier}" not in records and not any(
-            f"stream-{s.name}" in records for st in stages for s in st
+            f"stream-{s.name}" in records for s in streams
         ):
             continue
-        work = [
-            cpu_minutes(records.get(f"stage-{tier}-{n}", {})) for n in range(1, len(stages) + 1)
-        ]
-        known = [m for m in work if m is not None]
-        row(
-            f"{tier} tier",
-            seconds_of(f"tier-{tier}"),
-            f"{sum(known):.1f} CPU-min (its stages' CPU share x cores x length)"
-            if len(stages) > 1 and known
-            else "",
-        )
-        for number, streams in enumerate(stages, 1):
-            stage = records.get(f"stage-{tier}-{number}", {})
-            if len(stages) > 1:
-                row(f"stage {number}", stage.get("seconds"), load_note(stage), depth=2)
-            for stream in streams:
-                record = records.get(f"stream-{stream.name}")
-                result = records.get(f"pytest-{stream.name}", {})
-                counts = result.get("counts", {})
-                for key in totals:
-                    totals[key] += counts.get(key, 0)
-                note = ", ".join(f"{n} {k}" for k, n in counts.items() if n)
-                if record and record.get("cpu_s") is not None:
-                    note = f"host CPU {clock(record['cpu_s'])}" + (f"; {note}" if note else "")
-                if record and record.get("exit") not in (0, None):
-                    note = f"exit {record['exit']}" + (f"; {note}" if note else "")
-                depth = 3 if len(stages) > 1 else 2
-                row(stream.name, record["seconds"] if record else None, note, depth)
-                if tier == "engine":  # the unit tier's 30 modules would drown the table
-                    for module, seconds in result.get("modules", {}).items():
-                        row(module, seconds, depth=depth + 1)
+        # The tier's load over its whole length: its streams overlap, no part is theirs alone.
+        record = records.get(f"tier-{tier}", {})
+        row(f"{tier} tier", record.get("seconds"), load_note(record))
+        for stream in streams:
+            record = records.get(f"stream-{stream.name}", {})
+            result = records.get(f"pytest-{stream.name}", {})
+            counts = result.get("counts", {})
+            for key in totals:
+                totals[key] += counts.get(key, 0)
+            notes = []
+            if record.get("exit") not in (0, None):
+                notes.append(f"exit {record['exit']}")
+            if record.get("not_run"):
+                notes.append("not run")
+            if record.get("started_s") is not None:  # since the tier's start: the overlap
+                notes.append(f"started +{clock(record['started_s'])}")
+            if record.get("cpu_s") is not None:
+                notes.append(f"host CPU {clock(record['cpu_s'])}")
+            notes.append(", ".join(f"{n} {k}" for k, n in counts.items() if n))
+            row(stream.name, record.get("seconds"), "; ".join(n for n in notes if n), depth=2)
+            if tier == "engine":  # the unit tier's 30 modules would drown the table
+                for module, seconds in result.get("modules", {}).items():
+                    row(module, seconds, depth=3)
     row("clean (leftover stacks, old images)", seconds_of("clean"))
     total = seconds_of("total")
     if total is not None:
@@ -494,7 +564,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.command == "speed":
         return speed(args.out)
     if args.command == "fast":
-        return run_tier("fast", (FAST,), "unit")
+        return run_tier("fast", FAST, "unit")
     if args.command == "engine":
         return run_tier("engine", ENGINE, NOT_UNIT)
     if args.command == "record":

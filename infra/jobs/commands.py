@@ -16,6 +16,7 @@ import shlex
 import subprocess
 import sys
 import time
+from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -137,6 +138,17 @@ def queued_command(
     return runner_command(settings, run_dir, train, install=install, tee=False, slots=slots)
 
 
+@dataclass(frozen=True)
+class Prepared:
+    """A job ready to run (Jobs.prepare): the node that starts it, how it trains, what it
+    is, and its packages' install script ("" = none)."""
+
+    node: Transport
+    launch: LaunchSettings
+    facts: JobFacts
+    install: str
+
+
 class Jobs:
     """A stack's jobs, over its transports."""
 
@@ -239,13 +251,18 @@ class Jobs:
         slots, or 0 (one job at a time) with `trainstack:concurrentJobs` false."""
         return int(self.defaults.get("slots") or 0) if self.defaults.get("concurrent", True) else 0
 
-    def submit(
+    def prepare(
         self,
         directory: Path,
         params: dict[str, Any],
         overrides: dict[str, Any],
-        priority: int = 0,
-    ) -> str:
+        *,
+        default_workers: int | None = None,
+    ) -> Prepared:
+        """A job directory checked, packed, shipped to the cluster with its packages staged,
+        and its launch settings and facts: all of a submit but the run (a sweep's trials share
+        one). `default_workers`: the job's ranks when neither --workers nor the manifest
+        says (None: the stack's)."""
         from trainstack_training.jobsettings import chosen_data
         from trainstack_training.manifest import JobError, load_spec
 
@@ -256,6 +273,8 @@ class Jobs:
             if spec.workers and "workers" not in overrides:  # --workers wins over the manifest
                 self.check_workers(spec.workers, "[job] workers")
                 overrides = {**overrides, "workers": spec.workers}
+            elif default_workers and "workers" not in overrides:
+                overrides = {**overrides, "workers": default_workers}
             packed: Packed = pack(directory)
             # The data set: --data, else the manifest's, else the stack's (docs/jobs.md,
             # Data); "none" for a job that reads its own data (then --data is refused).
@@ -276,9 +295,6 @@ class Jobs:
             staged = envs.stage(node, env, f"{NODE_VENV}/bin/python", JOB_USER) if env else None
         except EnvError as exc:
             raise CliError(str(exc), EXIT_FAILED) from None
-        install = staged.script if staged else ""
-        job_id = f"job-{datetime.now(UTC):%Y%m%d-%H%M%S}-{secrets.token_hex(2)}"
-        run_dir = f"{MODELS_DIR}/{job_id}"
         launch = LaunchSettings.submitted(
             {**self.defaults, **overrides},
             job_sha=packed.sha,
@@ -295,10 +311,24 @@ class Jobs:
             experiment=spec.experiment,
             stack=str(self.defaults.get("stack") or ""),
         )
+        return Prepared(node, launch, facts, staged.script if staged else "")
+
+    def submit(
+        self,
+        directory: Path,
+        params: dict[str, Any],
+        overrides: dict[str, Any],
+        priority: int = 0,
+    ) -> str:
+        prepared = self.prepare(directory, params, overrides)
+        node, launch, install = prepared.node, prepared.launch, prepared.install
+        job_id = f"job-{datetime.now(UTC):%Y%m%d-%H%M%S}-{secrets.token_hex(2)}"
+        run_dir = f"{MODELS_DIR}/{job_id}"
         state = "installing" if install else "queued"
         record = job_record(
-            job_id, launch, facts, node=node.name, state=state, origin="submit", priority=priority
-        )
+            job_id, launch, prepared.facts, node=node.name, state=state, origin="submit",
+            priority=priority,
+        )  # fmt: skip
         command = queued_command(
             launch, run_dir, f"trainstack-{job_id}", install=bool(install),
             slots=self.queue_slots(),

@@ -26,6 +26,8 @@ The modules run in file order, and each documents what it changes:
   test_77_yield        the warm runner yields to plain Spark applications; a job queued
                        behind one
   test_78_any_model    regressions in simple and full mode through `trainstack submit`
+  test_79_sweep        a sweep: a grid of trials two at once, lagging ones pruned, the driver
+                       killed and resumed, its MLflow parent run with the trials as children
   test_79_torch        PyTorch jobs: torch installed once, DDP and full mode, cancel
   test_79_tracking     every job above an MLflow run; no login refused; the tracking server
                        killed mid-job; the UI in a real browser (screenshots in .artifacts/)
@@ -39,6 +41,7 @@ counting on a large workload to be slow enough.
 
 from __future__ import annotations
 
+import configparser
 import json
 import os
 import subprocess
@@ -71,6 +74,9 @@ DATA = NODE_PATHS.data_dir
 # The job's test-only hold hook: while this file exists, the run waits at each epoch's end.
 HOLD_ENV = "TRAINSTACK_TEST_HOLD_FILE"
 HOLD_FILE = f"{MODELS}/.test-hold"
+# The tracking server's node and its login file (the mlflow role).
+TRACKING_NODE = "control-1"
+AUTH_FILE = "/etc/trainstack/mlflow/auth.ini"
 
 
 @dataclass
@@ -147,3 +153,30 @@ def record_drill(drill: str, **fields: Any) -> None:
         "load_average_1m": round(os.getloadavg()[0], 1),
     }
     DRILLS_REPORT.write_text(json.dumps(report, indent=2, sort_keys=True) + "\n")
+
+
+def mlflow_login(platform) -> tuple[str, str]:
+    """The tracking server's admin login, from its auth file on the tracking node."""
+    code, text = sh(platform.container(TRACKING_NODE), f"cat {AUTH_FILE}")
+    assert code == 0, text
+    ini = configparser.ConfigParser()
+    ini.read_string(text)
+    return ini["mlflow"]["admin_username"], ini["mlflow"]["admin_password"]
+
+
+@pytest.fixture(scope="module")
+def mlflow_client(platform) -> Iterator:
+    """The MLflow client on the control machine, through the published UI (mlflowUiUrl)."""
+    from mlflow.tracking import MlflowClient
+
+    user, password = mlflow_login(platform)
+    saved = {k: os.environ.get(k) for k in ("MLFLOW_TRACKING_USERNAME", "MLFLOW_TRACKING_PASSWORD")}
+    os.environ["MLFLOW_TRACKING_USERNAME"], os.environ["MLFLOW_TRACKING_PASSWORD"] = user, password
+    try:
+        yield MlflowClient(platform.outputs()["mlflowUiUrl"])
+    finally:
+        for key, value in saved.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value

@@ -7,12 +7,9 @@ screenshots go to .artifacts/)."""
 
 from __future__ import annotations
 
-import configparser
 import json
-import os
 import shutil
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -24,40 +21,12 @@ from tests.support.browser import screenshot
 from tests.support.stacks import ROOT, wait_until
 
 from .cli import EXAMPLES, status, trainstack
-from .conftest import MODELS, sh
+from .conftest import MODELS, TRACKING_NODE, mlflow_login, sh
 
 pytestmark = pytest.mark.e2e
 
-TRACKING_NODE = "control-1"
-AUTH_FILE = "/etc/trainstack/mlflow/auth.ini"
 SERVER_PROGRAM = "mlflow"
 SHOTS = ROOT / ".artifacts" / "screenshots"
-
-
-def _login(platform) -> tuple[str, str]:
-    code, text = sh(platform.container(TRACKING_NODE), f"cat {AUTH_FILE}")
-    assert code == 0, text
-    ini = configparser.ConfigParser()
-    ini.read_string(text)
-    return ini["mlflow"]["admin_username"], ini["mlflow"]["admin_password"]
-
-
-@pytest.fixture(scope="module")
-def mlflow_client(platform) -> Iterator:
-    """The MLflow client on the control machine, through the published UI (mlflowUiUrl)."""
-    from mlflow.tracking import MlflowClient
-
-    user, password = _login(platform)
-    saved = {k: os.environ.get(k) for k in ("MLFLOW_TRACKING_USERNAME", "MLFLOW_TRACKING_PASSWORD")}
-    os.environ["MLFLOW_TRACKING_USERNAME"], os.environ["MLFLOW_TRACKING_PASSWORD"] = user, password
-    try:
-        yield MlflowClient(platform.outputs()["mlflowUiUrl"])
-    finally:
-        for key, value in saved.items():
-            if value is None:
-                os.environ.pop(key, None)
-            else:
-                os.environ[key] = value
 
 
 def _run_of(client, job_id: str, timeout: float = 120):
@@ -191,7 +160,7 @@ def test_submitted_jobs_are_runs_whatever_their_framework_and_end(
     listed = trainstack(platform, "list", "--json")
     assert listed.returncode == 0, listed.stderr
     jobs = json.loads(listed.stdout)
-    ends = {"succeeded": "FINISHED", "failed": "FAILED", "cancelled": "KILLED"}
+    ends = {"succeeded": "FINISHED", "failed": "FAILED", "cancelled": "KILLED", "pruned": "KILLED"}
     seen: dict[str, set[str]] = {}
     points: dict[str, int] = {}  # epoch metric points checked, per framework
     for job in jobs:
@@ -245,7 +214,7 @@ def test_list_shows_one_metric_column_and_status_the_run(platform, mlflow_client
 
 def test_a_client_without_the_login_is_refused(platform):
     url = platform.outputs()["mlflowUiUrl"] + "/api/2.0/mlflow/experiments/search"
-    user, password = _login(platform)
+    user, password = mlflow_login(platform)
     ok = requests.get(url, params={"max_results": 5}, auth=(user, password), timeout=30)
     assert ok.status_code == 200 and "experiments" in ok.json(), ok.text[:300]
     anonymous = requests.get(url, params={"max_results": 5}, timeout=30)
@@ -311,7 +280,7 @@ def test_the_ui_shows_the_stacks_runs_and_a_runs_chart(platform, mlflow_client):
     url = platform.outputs()["mlflowUiUrl"]
     run = _declared_run(platform, mlflow_client)
     experiment = run.info.experiment_id
-    login = _login(platform)
+    login = mlflow_login(platform)
     started = time.monotonic()
     page = screenshot(
         f"{url}/#/experiments/{experiment}/runs",

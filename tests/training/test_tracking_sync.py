@@ -26,7 +26,14 @@ from typing import Any
 import pytest
 from trainstack_training import tracking
 from trainstack_training.attempts import record_failure, record_launch
-from trainstack_training.tracking import JOB_ID_TAG, TRACKING_FILE, make_client, sync_run
+from trainstack_training.tracking import (
+    JOB_ID_TAG,
+    TRACKING_FILE,
+    SweepFiles,
+    make_client,
+    sync_run,
+)
+from trainstack_training.tracking.sweeps import make_parent
 
 pytestmark = pytest.mark.training
 
@@ -176,10 +183,11 @@ def epoch_row(epoch: int) -> dict[str, Any]:
 
 
 def make_run(root: Path, job_id: str, *, epochs: int = 5, done: int = 5,
-             state: str = "running", error: str = "", experiment: str = "") -> Path:  # fmt: skip
+             state: str = "running", error: str = "", experiment: str = "",
+             **more: Any) -> Path:  # fmt: skip
     """A submitted job's run directory after `done` of `epochs` epochs (its queue process's
     job.json, epochs.jsonl, output.log; once succeeded the report's metrics.json, curves.png and the
-    model)."""
+    model). `more`: more fields of its record (a sweep's trial: its sweep and number)."""
     run_dir = root / job_id
     run_dir.mkdir(parents=True, exist_ok=True)
     record = {
@@ -188,9 +196,9 @@ def make_run(root: Path, job_id: str, *, epochs: int = 5, done: int = 5,
         "code_sha": "c0de" * 16, "env_sha": "", "params": {"hidden_units": 64, "dropout": 0.2},
         "mode": "simple", "framework": "tensorflow", "node": "worker-1", "epochs": epochs,
         "workers": 2, "data": "digits", "batch_size": 32, "strategy": "multi_worker",
-        "stack": "dev", **({"experiment": experiment} if experiment else {}),
+        "stack": "dev", **({"experiment": experiment} if experiment else {}), **more,
     }  # fmt: skip
-    if state in ("succeeded", "failed", "cancelled"):
+    if state in ("succeeded", "failed", "cancelled", "pruned"):
         record |= {"ended_at": 1_780_000_100.0, "error": error}
     (run_dir / "job.json").write_text(json.dumps(record))
     rows = [json.dumps(epoch_row(e)) + "\n" for e in range(1, done + 1)]
@@ -420,6 +428,130 @@ def test_a_cancelled_job_is_killed_and_the_manifest_names_the_experiment(
     run = client.get_run(synced.run_id)
     assert run.info.status == "KILLED"
     assert client.get_experiment(run.info.experiment_id).name == "digits-sweep"
+
+
+# -- a sweep: one parent run, its trials' runs its children (tracking.sweeps) -------------
+
+DESCRIBE = {
+    "method": "tpe", "metric": "val_accuracy", "goal": "max", "trials": "3", "parallel": "2",
+    "early_stop": "median", "space.dropout": "uniform(0.0, 0.5)",
+}  # fmt: skip
+
+
+def write_sweep(root: Path, sweep_id: str, state: str,
+                rows: list[tuple[int, str, float | None]], best: int | None) -> Path:  # fmt: skip
+    """A sweep's directory as its driver leaves it: sweep.json and trials.json (`rows`: each
+    trial's number, state and value)."""
+    where = root / "sweeps" / sweep_id
+    where.mkdir(parents=True, exist_ok=True)
+    record = {
+        "id": sweep_id, "state": state, "submitted_at": 1_779_999_990.0, "experiment": "",
+        "stack": "dev", "job": "/home/u/digits", "definition": {"metric": "val_accuracy"},
+        "describe": DESCRIBE, **({} if state == "running" else {"ended_at": 1_780_000_200.0}),
+    }  # fmt: skip
+    (where / "sweep.json").write_text(json.dumps(record))
+    table = [
+        {"number": n, "job_id": f"{sweep_id}-t{n:03d}", "params": {"dropout": n / 10},
+         "state": trial_state, "value": value, "epochs": 2}
+        for n, trial_state, value in rows
+    ]  # fmt: skip
+    chosen = next((row for row in table if row["number"] == best), None)
+    (where / "trials.json").write_text(json.dumps({
+        "metric": "val_accuracy", "goal": "max", "trials": table, "updated_at": time.time(),
+        "best": chosen and {k: chosen[k] for k in ("number", "job_id", "value", "params")},
+    }))  # fmt: skip
+    return where
+
+
+def make_trial(root: Path, sweep_id: str, number: int, state: str) -> Path:
+    return make_run(root, f"{sweep_id}-t{number:03d}", epochs=2, done=2, state=state,
+                    sweep=sweep_id, trial=number)  # fmt: skip
+
+
+def test_a_sweep_is_one_parent_run_and_its_trials_its_children(
+    server: Server, tmp_path: Path, client: Any, capsys: pytest.CaptureFixture[str]
+) -> None:
+    sweep_id = "sweep-20261205-000001-abcd"
+    rows: list[tuple[int, str, float | None]] = [(0, "succeeded", 0.7), (1, "running", None)]
+    where = write_sweep(tmp_path, sweep_id, "running", rows, best=0)
+    trial = [make_trial(tmp_path, sweep_id, n, state) for n, state, _ in rows]
+    assert tracking.run_dirs(tmp_path) == trial  # the sweeps' directory is no run
+    assert not any(s.error for s in tracking.sync_all(trial, client, stack="dev"))
+    parent_id = json.loads((where / TRACKING_FILE).read_text())["run_id"]
+    # Trial 1 pruned for lagging; trial 2 the best now.
+    rows = [(0, "succeeded", 0.7), (1, "pruned", 0.5), (2, "succeeded", 0.9)]
+    write_sweep(tmp_path, sweep_id, "running", rows, best=2)
+    trial[1:] = [make_trial(tmp_path, sweep_id, n, state) for n, state, _ in rows[1:]]
+    assert not any(s.error for s in tracking.sync_all(trial[1:], client, stack="dev"))
+    assert client.get_run(parent_id).info.status == "RUNNING"  # the sweep still runs
+    write_sweep(tmp_path, sweep_id, "succeeded", rows, best=2)
+    # `sync` (as the daemon's round): the runs, up to date, then the sweep's pass.
+    assert tracking.main(["sync", "--models-dir", str(tmp_path), "--tracking-uri", server.uri,
+                          "--auth-file", str(server.auth_file), "--stack", "dev"]) == 0  # fmt: skip
+    synced = json.loads(capsys.readouterr().out.strip().splitlines()[-1])["synced"]
+    assert [s["skipped"] for s in synced] == [True, True, True, False], synced
+    ended = synced[-1]
+    assert (ended["job_id"], ended["run_id"], ended["status"]) == (sweep_id, parent_id, "FINISHED")
+    assert tracking.sync_sweeps(tmp_path, client, stack="dev")[0].skipped  # nothing new
+
+    kind = "tags.`trainstack.kind` = 'sweep'"
+    parents = client.search_runs(
+        [e.experiment_id for e in client.search_experiments()],
+        filter_string=f"tags.`trainstack.sweep` = '{sweep_id}' and {kind}",
+    )  # fmt: skip
+    assert [p.info.run_id for p in parents] == [parent_id]
+    parent = parents[0]
+    assert parent.info.run_name == sweep_id and parent.data.params == DESCRIBE
+    assert parent.info.status == "FINISHED" and parent.info.end_time == 1_780_000_200_000
+    assert parent.data.tags["trainstack.best_trial"] == f"{sweep_id}-t002"
+    best = client.get_metric_history(parent_id, "best_val_accuracy")
+    assert [(m.step, m.value) for m in best] == [(1, 0.7), (3, 0.9)]
+    children = [the_run(client, f"{sweep_id}-t{n:03d}") for n in range(3)]
+    for n, child in enumerate(children):
+        tags = child.data.tags
+        assert tags["mlflow.parentRunId"] == parent_id, tags
+        assert (tags["trainstack.sweep"], tags["trainstack.trial"]) == (sweep_id, str(n))
+        assert child.info.experiment_id == parent.info.experiment_id
+    assert [c.info.status for c in children] == ["FINISHED", "KILLED", "FINISHED"]
+    assert children[0].data.tags["trainstack.best"] == "false"
+    assert children[2].data.tags["trainstack.best"] == "true"
+    assert "trainstack.best" not in children[1].data.tags
+
+
+def test_a_trial_whose_sweep_is_missing_is_a_plain_run(tmp_path: Path, client: Any) -> None:
+    run_dir = make_trial(tmp_path, "sweep-20261205-000009-ffff", 0, "succeeded")
+    synced = sync_run(run_dir, client, stack="dev")
+    assert synced.complete and not synced.error
+    tags = client.get_run(synced.run_id).data.tags
+    assert "mlflow.parentRunId" not in tags and "trainstack.sweep" not in tags
+
+
+def test_two_syncs_racing_to_make_the_parent_leave_one(
+    tmp_path: Path, client: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Two syncs on two nodes (the sweep's lock holds on one): each makes a parent; the one
+    that wrote tracking.json first is the sweep's, the other deletes its own."""
+    from mlflow.entities import ViewType
+
+    sweep_id = "sweep-20261205-000002-bcde"
+    where = write_sweep(tmp_path, sweep_id, "running", [], best=None)
+    create_run, first = client.create_run, []
+
+    def racing(*args: Any, **kwargs: Any) -> Any:
+        if not first:  # the other sync makes and writes its parent meanwhile
+            first.append("")
+            first[0] = make_parent(client, SweepFiles.read(where), "dev")
+        return create_run(*args, **kwargs)
+
+    monkeypatch.setattr(client, "create_run", racing)
+    mine = make_parent(client, SweepFiles.read(where), "dev")
+    assert mine == first[0] == json.loads((where / TRACKING_FILE).read_text())["run_id"]
+    made = client.search_runs(
+        [client.get_experiment_by_name("dev").experiment_id],
+        filter_string=f"tags.`trainstack.sweep` = '{sweep_id}'", run_view_type=ViewType.ALL,
+    )  # fmt: skip
+    assert sorted(r.info.lifecycle_stage for r in made) == ["active", "deleted"]
+    assert next(r for r in made if r.info.lifecycle_stage == "active").info.run_id == mine
 
 
 def test_server_down_loses_nothing(server: Server, tmp_path: Path, client: Any, sent: Sent) -> None:

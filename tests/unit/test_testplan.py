@@ -31,8 +31,7 @@ ENGINE_MARKER = re.compile(r"pytest\.mark\.(?!unit\b|parametrize\b)\w+")
 
 
 def test_every_test_directory_runs_in_exactly_one_engine_stream(testplan):
-    streams = [s for stage in testplan.ENGINE for s in stage]
-    paths = [p for s in streams for p in s.paths]
+    paths = [p for s in testplan.ENGINE for p in s.paths]
     assert len(paths) == len(set(paths)), f"a path in two engine streams: {paths}"
     directories = {str(f.parent.relative_to(ROOT)) for f in (ROOT / "tests").rglob("test_*.py")} - {
         *testplan.NESTED,
@@ -48,7 +47,7 @@ def test_every_test_directory_runs_in_exactly_one_engine_stream(testplan):
 
 
 def test_every_engine_test_among_the_unit_tests_is_in_an_engine_stream(testplan):
-    paths = {p for stage in testplan.ENGINE for s in stage for p in s.paths}
+    paths = {p for s in testplan.ENGINE for p in s.paths}
     marked = {
         str(f.relative_to(ROOT))
         for f in (ROOT / "tests" / "unit").glob("test_*.py")
@@ -56,6 +55,25 @@ def test_every_engine_test_among_the_unit_tests_is_in_an_engine_stream(testplan)
     }
     assert "tests/unit/test_cancelled_program.py" in marked  # the check sees what it looks for
     assert marked <= paths, f"engine tests in tests/unit in no engine stream: {marked - paths}"
+
+
+def test_the_tiers_are_graphs_each_stream_needing_only_streams_before_it(testplan):
+    testplan.check_graph(testplan.FAST)
+    testplan.check_graph(testplan.ENGINE)
+    needs = {s.name: set(s.after) for s in testplan.ENGINE}
+    # The shared stack needs only the baked image; the small stacks wait for the training tier
+    # too, so that no more than two streams run at once.
+    assert needs == {
+        "newcomer+images": set(),
+        "training": set(),
+        "platform": {"newcomer+images"},
+        "stacks+ssh": {"newcomer+images", "training"},
+    }
+    assert not any(s.after for s in testplan.FAST)
+    with pytest.raises(ValueError, match="needs"):
+        testplan.check_graph((testplan.Stream("b", after=("a",)), testplan.Stream("a")))
+    with pytest.raises(ValueError, match="two streams"):
+        testplan.check_graph((testplan.Stream("a"), testplan.Stream("a")))
 
 
 def test_the_unit_stream_runs_every_unit_test(testplan):
@@ -97,8 +115,19 @@ def test_the_table_shows_each_module_the_index_and_the_counts(testplan, monkeypa
     (tmp_path / "pytest-unit.json").write_text(
         json.dumps({"modules": {"tests/unit/test_a.py": 80}, "counts": {"passed": 500}})
     )
-    testplan.write_record("tier-engine", seconds=1800, exit=1)
-    testplan.write_record("stream-platform", seconds=1700, exit=1, cpu_s=754.4)
+    testplan.write_record(
+        "tier-engine",
+        seconds=1800,
+        exit=1,
+        cores=2,
+        cpu_busy=0.93,
+        saturated=0.8,
+        containers_cpu_s=1250,
+        memory_peak_gib=17.2,
+    )
+    testplan.write_record("stream-newcomer+images", seconds=521, exit=0, cpu_s=300, started_s=0)
+    testplan.write_record("stream-platform", seconds=1700, exit=1, cpu_s=754.4, started_s=521.3)
+    testplan.write_record("stream-stacks+ssh", not_run=True)
     (tmp_path / "pytest-platform.json").write_text(
         json.dumps(
             {
@@ -107,32 +136,27 @@ def test_the_table_shows_each_module_the_index_and_the_counts(testplan, monkeypa
             }
         )
     )
-    testplan.write_record(
-        "stage-engine-2",
-        seconds=1700,
-        cores=2,
-        cpu_busy=0.93,
-        saturated=0.8,
-        containers_cpu_s=1250,
-        memory_peak_gib=17.2,
-    )
     testplan.write_record("total", seconds=2400)
     text = "\n".join(testplan.table_lines(testplan.read_records()))
+    # The engine tier's load over its whole length (its streams overlap): 0.93 x 2 x 30 min.
+    tier = next(line for line in text.splitlines() if line.strip().startswith("engine tier"))
+    assert tier.split()[2:4] == ["30:00", "CPU"], tier
     assert (
-        "CPU 93% of 2 cores = 52.7 CPU-min (80% of the time all busy), containers' CPU 20:50, "
+        "CPU 93% of 2 cores = 55.8 CPU-min (80% of the time all busy), containers' CPU 20:50, "
         "memory peak 17.2 GiB"
-    ) in text
-    # The engine tier's CPU work: its stages' CPU-minutes added up (one stage recorded here).
-    assert "52.7 CPU-min (its stages' CPU share x cores x length)" in text
+    ) in tier
     assert "machine-speed index" in text and "2.00" in text
     assert "tests/platform/test_10_platform.py" in text and "2:05" in text
-    assert "exit 1; host CPU 12:34; 40 passed, 2 failed" in text
+    # Each stream's start since the tier's: platform started when the bake had passed.
+    assert "started +0:00; host CPU 5:00" in text
+    assert "exit 1; started +8:41; host CPU 12:34; 40 passed, 2 failed" in text
+    assert re.search(r"stacks\+ssh +- +not run$", text, re.M), text
     assert "tests/unit/test_a.py" not in text  # the unit tier's modules stay out of the table
     assert "at reference speed 20:00" in text  # 40 min on a machine twice as slow
     assert text.splitlines()[-1] == "tests: 540 passed, 2 failed, 0 errors, 0 skipped"
 
 
-def test_a_stages_load_is_the_share_of_every_core_it_kept_busy(testplan, monkeypatch):
+def test_a_tiers_load_is_the_share_of_every_core_it_kept_busy(testplan, monkeypatch):
     monkeypatch.setattr(testplan.Load, "INTERVAL", 0.05)
     load = testplan.Load()
     deadline = time.monotonic() + 0.5
@@ -176,3 +200,81 @@ def test_a_streams_host_cpu_counts_the_processes_it_started(testplan, monkeypatc
     records = testplan.read_records()
     assert records["stream-busy"]["cpu_s"] >= 0.9, records["stream-busy"]
     assert records["stream-idle"]["cpu_s"] < 0.5, records["stream-idle"]
+
+
+# The scheduler, with tiny streams: each prints when it starts and sleeps a little.
+
+
+def tiny(testplan, name, seconds=0.2, code=0, after=()):
+    script = f"sleep {seconds}; exit {code}"
+    return testplan.Stream(name, command=("sh", "-c", script), after=tuple(after))
+
+
+def test_a_stream_starts_when_its_needs_passed_beside_independent_ones(
+    testplan, monkeypatch, tmp_path, capsys
+):
+    monkeypatch.setenv("TRAINSTACK_TIMES_DIR", str(tmp_path))
+    streams = (
+        tiny(testplan, "bake", 0.2),
+        tiny(testplan, "train", 0.8),
+        tiny(testplan, "shared", 0.1, after=["bake"]),
+        tiny(testplan, "small", 0.1, after=["bake", "train"]),
+    )
+    codes = testplan.Streams().run(streams, "unit")
+    assert codes == {"bake": 0, "train": 0, "shared": 0, "small": 0}
+    records = testplan.read_records()
+    start = {name: records[f"stream-{name}"]["started_s"] for name in codes}
+    end = {name: start[name] + records[f"stream-{name}"]["seconds"] for name in codes}
+    # The independent ones run side by side.
+    assert start["train"] < end["bake"] and start["bake"] < end["train"], records
+    # Each other one starts once its needs ended; shared does not wait for train, which it
+    # does not need (a stage would have made it wait).
+    out = capsys.readouterr().out
+    order = [
+        out.index("[bake] finished"),
+        out.index("testplan: shared starts at +"),
+        out.index("[train] finished"),
+        out.index("testplan: small starts at +"),
+    ]
+    assert order == sorted(order), out
+    assert ", after bake\n" in out and ", after bake, train\n" in out
+    assert start["shared"] < end["train"] <= start["small"] + 0.1, records
+
+
+def test_a_failed_need_leaves_its_dependents_not_run_and_fails_the_tier(
+    testplan, monkeypatch, tmp_path, capsys
+):
+    monkeypatch.setenv("TRAINSTACK_TIMES_DIR", str(tmp_path))
+    monkeypatch.delenv("PYTEST_ARGS", raising=False)
+    (tmp_path / "pytest-shared.json").write_text("{}")  # an earlier run's, not this one's
+    streams = (
+        tiny(testplan, "bake", 0.1, code=1),
+        tiny(testplan, "train", 0.4),
+        tiny(testplan, "shared", after=["bake"]),
+        tiny(testplan, "small", after=["train"]),  # its need passes, but after the failure
+    )
+    assert testplan.run_tier("fake", streams, "unit") == 1
+    records = testplan.read_records()
+    # The one running when the other failed finished; nothing started after the failure.
+    assert records["stream-train"]["exit"] == 0
+    assert records["stream-shared"] == {"name": "stream-shared", "not_run": True}
+    assert records["stream-small"] == {"name": "stream-small", "not_run": True}
+    assert not (tmp_path / "pytest-shared.json").exists()
+    assert not (tmp_path / "shared.log").exists()
+    tier = records["tier-fake"]
+    assert tier["exit"] == 1 and tier["cores"] == os.cpu_count() and 0 <= tier["cpu_busy"] <= 1
+    out = capsys.readouterr().out
+    assert "testplan: fake tier: bake beside train; shared after bake; small after train" in out
+    assert "testplan: bake failed; not starting shared, small; train left to finish" in out
+    assert "testplan: stream bake failed (exit 1)" in out
+    assert "testplan: stream shared not run" in out and "testplan: stream small not run" in out
+    assert "[shared] $" not in out and "[small] $" not in out
+
+
+def test_a_tier_passes_when_every_stream_passed(testplan, monkeypatch, tmp_path):
+    monkeypatch.setenv("TRAINSTACK_TIMES_DIR", str(tmp_path))
+    streams = (tiny(testplan, "a", 0.1), tiny(testplan, "b", 0.1, after=["a"]))
+    assert testplan.run_tier("fake", streams, "unit") == 0
+    records = testplan.read_records()
+    assert records["tier-fake"]["exit"] == 0
+    assert records["stream-b"]["started_s"] >= records["stream-a"]["seconds"]

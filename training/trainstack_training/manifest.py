@@ -60,7 +60,7 @@ TORCH_STRATEGIES = (DDP, FSDP)
 DATA_SCHEMES = ("http://", "https://", "file://", "hdfs://", "s3a://", "s3://")
 # A rank with no finished batch, epoch or ctx.report for this long fails (watchdog.py).
 DEFAULT_PROGRESS_TIMEOUT = 600.0
-_TOP_KEYS = ("job", "params")
+_TOP_KEYS = ("job", "params", "sweep")  # [sweep]: a hyperparameter sweep (sweep/space.py)
 SIMPLE_FUNCTIONS = ("build_model", "datasets")
 FULL_FUNCTION = "train"
 
@@ -163,7 +163,8 @@ def _read_manifest(directory: Path) -> tuple[dict[str, Any], dict[str, Any]]:
     unknown = sorted(set(values) - set(_TOP_KEYS))
     if unknown:
         raise _fail(
-            directory, f"{MANIFEST}: unknown tables/keys {unknown}; allowed: [job], [params]"
+            directory,
+            f"{MANIFEST}: unknown tables/keys {unknown}; allowed: [job], [params], [sweep]",
         )
     job = values.get("job")
     if not isinstance(job, dict):

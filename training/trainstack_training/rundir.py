@@ -24,6 +24,7 @@ there yet (`read_json`). Who writes each file and who reads it:
                       the report, the tracking sync
     rank-N.log        each rank's own output (the rank) -> `trainstack logs --rank N`
     rank-N.memory.jsonl  each rank's peak memory and OOM kills (memwatch) -> the driver
+    .stop.json        why the job is being stopped (a sweep's driver) -> the queue process
     stacks-rankN.txt  a stalled rank's Python stacks (the watchdog) -> the user
     metrics.json      the result: metrics, time split, config (the driver's report) -> the
                       declared job's result, status, the tracking sync
@@ -87,9 +88,14 @@ RESULT_FILES = (*MODEL_FILES.values(), EXPORTED_FILE, PLOT_FILE, METRICS_FILE)
 # The files left by an earlier launch of the run that a fresh launch drops.
 LAUNCH_LEFTOVERS = (ATTEMPTS_LOG, FAILED_FILE, FAULT_MARKER, ERROR_FILE, WAITING_FILE)
 
-# A job's states, in the order it goes through them (docs/jobs.md).
-FINAL_STATES = ("succeeded", "failed", "cancelled")
+# A job's states, in the order it goes through them (docs/jobs.md). `pruned`: a sweep's trial
+# stopped by its sweep for lagging (STOP_FILE said so before the cancel).
+FINAL_STATES = ("succeeded", "failed", "cancelled", "pruned")
 STATES = ("installing", "queued", "running", *FINAL_STATES)
+# Why a job is being stopped, {"reason": "pruned"}: written by a sweep's driver before it sends
+# the queue process SIGTERM (a file of its own: the queue process alone merges job.json).
+# Without it a stopped job ends `cancelled`.
+STOP_FILE = ".stop.json"
 
 # The runs directory (the models directory, which holds every run directory): what is in it
 # beside the runs.
@@ -99,7 +105,28 @@ WARM_RUNNER_STOP = ".warm-runner.stop"  # a job on another node asks it to yield
 WARM_RUNNER_YIELDS = ".warm-runner.yields.json"  # the cluster's yields so far
 JOBS_DIR = "jobs"  # the jobs' code, by content sha
 ENVS_DIR = "envs"  # the jobs' package overlays
-NOT_RUNS = frozenset({JOBS_DIR, ENVS_DIR})
+SWEEPS_DIR = "sweeps"  # one directory per sweep (below)
+NOT_RUNS = frozenset({JOBS_DIR, ENVS_DIR, SWEEPS_DIR})
+
+# A sweep's directory, `<models dir>/sweeps/<sweep id>` (trainstack_training.sweep): its trials
+# are jobs with run directories of their own (`<sweep id>-t<N>`, each record naming its sweep
+# and trial number).
+#
+#     sweep.json     the sweep's record: id, definition, the trials' job template, state,
+#                    the driver's pid, node and heartbeat (`trainstack sweep` writes its first
+#                    version; the driver keeps it) -> sweep status/list/cancel/resume
+#     study.journal  the Optuna study (its JournalStorage, file backend): every trial asked,
+#                    its reports and its end (the driver) -> a resumed driver
+#     trials.json    the trials' table and the best trial (the driver) -> sweep status, the
+#                    tracking sync (the parent run's best value, the best trial's tag)
+#     output.log     the driver's output -> `trainstack sweep logs`
+#     tracking.json  the sweep's MLflow parent run (the tracking sync) -> sweep status
+SWEEP_RECORD = "sweep.json"
+STUDY_JOURNAL = "study.journal"
+TRIALS_FILE = "trials.json"
+SWEEP_STATES = ("running", "succeeded", "failed", "cancelled")
+# A trial job's record fields: its sweep's id and its number in the study.
+SWEEP_FIELD, TRIAL_FIELD = "sweep", "trial"
 
 
 def model_file(framework: str) -> str:

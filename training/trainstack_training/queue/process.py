@@ -51,6 +51,7 @@ from trainstack_training.rundir import (
     EPOCH_LOG,
     OUTPUT,
     RECORD,
+    STOP_FILE,
     WAITING_FILE,
     read_json,
     read_rows,
@@ -351,7 +352,9 @@ class Runner:
         self.copy_epochs()
         summary = self.summary()
         if self.cancelled:
-            state = "cancelled"
+            # A sweep's lagging trial: its driver named the stop before the SIGTERM.
+            stop = read_json(self.run_dir / STOP_FILE).get("reason")
+            state = "pruned" if stop == "pruned" else "cancelled"
         elif code == 0 and summary.get("ok"):
             state = "succeeded"
         else:

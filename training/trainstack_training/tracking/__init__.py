@@ -16,14 +16,22 @@ a sync, ``<run dir>/tracking.json`` says where the run is (`trainstack status` r
 nothing there talks to MLflow), and a complete run whose files have not changed since is
 skipped without a request.
 
+A sweep (trainstack_training.sweep) is one more run, its trials' runs its children: the
+parent is made once, from the sweep's directory (`<models dir>/sweeps/<id>`: its params,
+its best value as it improves, ended with the sweep), and its id kept in that directory's
+tracking.json (`trainstack sweep status` reads it).
+
 The modules, one process each:
     runfiles.py  reading a run directory (RunFiles, tracking.json, which directories are
                  runs): the sync's; `trainstack status` on the control machine reads
                  tracking.json with TRACKING_FILE and run_url
     sync.py      one run (sync_run) and many (sync_all) to MLflow: the sync on the tracking
                  node (the daemon's rounds, the `sync` command)
+    sweeps.py    a sweep's parent run (sync_sweep, sync_sweeps) and a trial's tags naming it
+                 (child_tags): sync.py's sync of a trial, the daemon's rounds, `sync`
     daemon.py    `watch`, the tracking daemon (supervisor, on the tracking node): every
-                 `interval` it syncs each run directory that is not complete
+                 `interval` it syncs each run directory that is not complete, then each
+                 sweep whose parent run has not ended
     cli.py       the command line (`__main__.py` runs it), in the mlflow role's venv on the
                  tracking node
 
@@ -38,15 +46,18 @@ from trainstack_training.tracking.runfiles import (
     ARTIFACTS,
     TAG_PREFIX,
     RunFiles,
+    SweepFiles,
     files_signature,
     is_run_dir,
     read_epochs,
     read_tracking,
     run_dirs,
     run_url,
+    sweep_dirs,
     up_to_date,
     write_tracking,
 )
+from trainstack_training.tracking.sweeps import PARENT_TAG, sync_sweep, sync_sweeps
 from trainstack_training.tracking.sync import (
     ERROR_TAG,
     JOB_ID_TAG,
@@ -63,10 +74,12 @@ __all__ = [
     "ERROR_TAG",
     "JOB_ID_TAG",
     "LAUNCH_TAG",
+    "PARENT_TAG",
     "TAG_PREFIX",
     "TRACKING_FILE",
     "TRACKING_LOCK",
     "RunFiles",
+    "SweepFiles",
     "Synced",
     "TrackingError",
     "UsageError",
@@ -80,8 +93,11 @@ __all__ = [
     "run_dirs",
     "run_lock",
     "run_url",
+    "sweep_dirs",
     "sync_all",
     "sync_run",
+    "sync_sweep",
+    "sync_sweeps",
     "up_to_date",
     "watch",
     "write_tracking",

@@ -1,6 +1,7 @@
 """The command line of `python -m trainstack_training.tracking` (the package's docstring):
-`watch`, the daemon, and `sync`, one sync printed as one JSON line; the MLflow client both
-use, logged in with the auth file's admin login.
+`watch`, the daemon, and `sync`, one sync printed as one JSON line (every run then every
+sweep's parent run, or the one job given); the MLflow client both use, logged in with the auth
+file's admin login.
 
 Runs on the tracking node, in the mlflow role's venv: `watch` as the tracking daemon
 (supervisor's `trainstack-tracking-sync`), `sync` started over the node's transport by
@@ -24,6 +25,7 @@ from typing import TYPE_CHECKING
 
 from trainstack_training.tracking.daemon import watch
 from trainstack_training.tracking.runfiles import is_run_dir, run_dirs
+from trainstack_training.tracking.sweeps import sync_sweeps
 from trainstack_training.tracking.sync import sync_all
 
 if TYPE_CHECKING:
@@ -41,7 +43,7 @@ EXIT_FAILED, EXIT_USAGE = 1, 2
 
 COMMANDS = {
     "watch": "the daemon: sync every run that is not complete",
-    "sync": "sync once (one job, or all) and print one JSON line",
+    "sync": "sync once (one job, or all and the sweeps) and print one JSON line",
 }
 
 
@@ -124,6 +126,9 @@ def main(argv: list[str] | None = None) -> int:
             with contextlib.redirect_stdout(sys.stderr):  # MLflow prints "View run ..."
                 synced = sync_all(dirs, client, stack=args.stack, ui_url=args.ui_url,
                                   force=bool(args.job))  # fmt: skip
+                if not args.job:  # the sweeps' parent runs, after their trials' runs
+                    synced += sync_sweeps(models_dir, client, stack=args.stack,
+                                          ui_url=args.ui_url)  # fmt: skip
             print(json.dumps({"synced": [vars(s) for s in synced]}, sort_keys=True))
             return EXIT_FAILED if any(s.error for s in synced) else 0
         if args.interval <= 0:

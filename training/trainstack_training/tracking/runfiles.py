@@ -1,6 +1,7 @@
 """Reading a run directory for its MLflow run: what the job's files say (RunFiles), whether
 they changed since the last sync (files_signature, tracking.json), and which directories of
-the models directory are runs.
+the models directory are runs; and a sweep's directory for its parent run (SweepFiles,
+sweep_dirs: `<models dir>/sweeps/<id>`, never a run: rundir.NOT_RUNS).
 
 Runs in the tracking sync's process on the tracking node (the daemon, or one `sync` command:
 see the package's docstring), in the mlflow role's venv; `trainstack status` on the control
@@ -12,6 +13,8 @@ from __future__ import annotations
 
 import contextlib
 import json
+import math
+import re
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -28,7 +31,11 @@ from trainstack_training.rundir import (
     OUTPUT,
     RECORD,
     RESULT_FILES,
+    SWEEP_FIELD,
+    SWEEP_RECORD,
+    SWEEPS_DIR,
     TRACKING_FILE,
+    TRIALS_FILE,
     read_json,
     read_rows,
     write_json,
@@ -41,6 +48,9 @@ ARTIFACTS = (*RESULT_FILES, OUTPUT)
 # The training settings logged as params, beside the job's own [params].
 SETTINGS = ("workers", "epochs", "batch_size", "strategy", "data", "framework")
 PARAM_MAX = 6000  # MLflow's longest param value
+SAFE_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")  # a job's or sweep's id, as trainstack makes
+# A sweep's parent run's tags (sweeps.py): its sweep's id (a trial's run has it too), its kind.
+SWEEP_TAG, KIND_TAG, SWEEP_KIND = f"{TAG_PREFIX}sweep", f"{TAG_PREFIX}kind", "sweep"
 
 
 @dataclass
@@ -108,7 +118,7 @@ class RunFiles:
         settings["framework"] = self.framework()
         merged = {k: v for k, v in settings.items() if v not in (None, "")}
         merged.update(own if isinstance(own, dict) else {})
-        return {str(k): _param(v) for k, v in merged.items()}
+        return {str(k): param_value(v) for k, v in merged.items()}
 
     def framework(self) -> str:
         return str(self.record.get("framework") or "tensorflow")
@@ -205,7 +215,8 @@ def _mtime(path: Path) -> float:
         return time.time()
 
 
-def _param(value: Any) -> str:
+def param_value(value: Any) -> str:
+    """A param's value as MLflow keeps it: a string of at most PARAM_MAX characters."""
     text = value if isinstance(value, str) else json.dumps(value, sort_keys=True)
     return text[:PARAM_MAX]
 
@@ -265,3 +276,134 @@ def up_to_date(run_dir: Path) -> bool:
 
 def run_url(ui_url: str, experiment_id: str, run_id: str) -> str:
     return f"{ui_url.rstrip('/')}/#/experiments/{experiment_id}/runs/{run_id}" if ui_url else ""
+
+
+# -- a sweep's directory (sweeps.py: its MLflow parent run) ---------------------------
+
+
+@dataclass
+class SweepFiles:
+    """A sweep's directory, read once: its record (sweep.json), the trials' table
+    (trials.json) and what the sync made of it (tracking.json)."""
+
+    sweep_dir: Path
+    record: dict[str, Any]
+    table: dict[str, Any]
+    tracking: dict[str, Any]
+
+    @classmethod
+    def read(cls, sweep_dir: Path) -> SweepFiles:
+        return cls(
+            sweep_dir,
+            read_json(sweep_dir / SWEEP_RECORD),
+            read_json(sweep_dir / TRIALS_FILE),
+            read_json(sweep_dir / TRACKING_FILE),
+        )
+
+    @classmethod
+    def of_trial(cls, files: RunFiles) -> SweepFiles | None:
+        """A trial's sweep; None for a job of no sweep, and for a trial whose sweep directory
+        is missing or unreadable (its run is then a plain one)."""
+        sweep_id = files.record.get(SWEEP_FIELD)
+        if not isinstance(sweep_id, str) or not SAFE_ID.match(sweep_id):
+            return None
+        sweep = cls.read(files.run_dir.parent / SWEEPS_DIR / sweep_id)
+        return sweep if sweep.id == sweep_id else None
+
+    @property
+    def id(self) -> str:
+        found = str(self.record.get("id") or "")
+        return found if SAFE_ID.match(found) else ""  # it goes into a search filter
+
+    @property
+    def models_dir(self) -> Path:
+        return self.sweep_dir.parent.parent
+
+    @property
+    def state(self) -> str:
+        return str(self.record.get("state") or "running")
+
+    @property
+    def metric(self) -> str:
+        return str(self.table.get("metric") or "")
+
+    def experiment(self, stack: str) -> str:
+        """As a run's (RunFiles.experiment): the sweep's own, else its stack's."""
+        return str(
+            self.record.get("experiment") or self.record.get("stack") or stack or DEFAULT_EXPERIMENT
+        )
+
+    def params(self) -> dict[str, str]:
+        describe = self.record.get("describe")
+        if not isinstance(describe, dict):
+            return {}
+        return {str(k): param_value(v) for k, v in describe.items()}
+
+    def tags(self, stack: str) -> dict[str, str]:
+        values = {
+            SWEEP_TAG: self.id,
+            KIND_TAG: SWEEP_KIND,
+            f"{TAG_PREFIX}stack": self.record.get("stack") or stack,
+            f"{TAG_PREFIX}job": self.record.get("job") or "",
+        }
+        return {k: str(v) for k, v in values.items() if v}
+
+    def start_ms(self) -> int:
+        return int((number(self.record.get("submitted_at")) or time.time()) * 1000)
+
+    def end_ms(self) -> int:
+        return int((number(self.record.get("ended_at")) or time.time()) * 1000)
+
+    def trials(self) -> list[dict[str, Any]]:
+        rows = self.table.get("trials")
+        return [r for r in rows if isinstance(r, dict)] if isinstance(rows, list) else []
+
+    def finished(self) -> int:
+        """The trials that have ended (the best value's step)."""
+        return sum(1 for row in self.trials() if row.get("state") in FINAL_STATES)
+
+    def trial_dirs(self) -> list[Path]:
+        """The run directories of the trials the table lists (those there are)."""
+        ids = (str(row.get("job_id") or "") for row in self.trials())
+        return [self.models_dir / i for i in ids if SAFE_ID.match(i)]
+
+    def best(self) -> tuple[str, float] | None:
+        """The best trial's job id and value, None while there is none."""
+        best = self.table.get("best")
+        if not isinstance(best, dict) or not self.metric:
+            return None
+        job_id, value = str(best.get("job_id") or ""), number(best.get("value"))
+        return (job_id, value) if SAFE_ID.match(job_id) and value is not None else None
+
+    def signature(self) -> str:
+        """sweep.json's and trials.json's size and modification time (unchanged, a complete
+        sweep is skipped)."""
+        parts = []
+        for name in (SWEEP_RECORD, TRIALS_FILE):
+            with contextlib.suppress(OSError):
+                st = (self.sweep_dir / name).stat()
+                parts.append(f"{name}:{st.st_size}:{st.st_mtime_ns}")
+        return ";".join(parts)
+
+
+def number(value: Any) -> float | None:
+    """A finite number of a JSON file, None for anything else."""
+    if isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value):
+        return float(value)
+    return None
+
+
+def sweep_dirs(models_dir: Path) -> list[Path]:
+    """The sweeps' directories of the models directory (those with a sweep.json), by name."""
+    try:
+        found = (models_dir / SWEEPS_DIR).iterdir()
+        return sorted(p for p in found if (p / SWEEP_RECORD).is_file())
+    except OSError:
+        return []
+
+
+def sweep_up_to_date(sweep_dir: Path) -> bool:
+    """A complete sweep (its parent ended) whose files have not changed since: skipped."""
+    done = read_json(sweep_dir / TRACKING_FILE)
+    signature = SweepFiles(sweep_dir, {}, {}, {}).signature()
+    return bool(done.get("complete")) and done.get("files") == signature

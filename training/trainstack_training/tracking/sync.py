@@ -5,13 +5,18 @@ daemon's rounds (daemon.py), and the `sync` command (cli.py) that `trainstack sy
 control machine and the declared job's provider (infra/components/training.py, in `pulumi
 up`) start there over the node's transport (infra.jobs.remote.sync_tracking). `mlflow` is
 imported inside the functions: the package imports without it.
+
+A sweep's trial (its record names its sweep) is a child of its sweep's parent run
+(sweeps.py): its run is made with the parent's tags (sweeps.child_tags, which makes the parent
+if the sweep has none yet), and after its sync the sweep's pass runs (its best value, its
+end), its errors left to the daemon's next pass over the sweeps. A trial whose sweep directory
+is missing or unreadable is synced as a plain run.
 """
 
 from __future__ import annotations
 
 import contextlib
 import fcntl
-import re
 import time
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
@@ -22,6 +27,7 @@ from trainstack_training.epochs import is_metric
 from trainstack_training.rundir import TRACKING_LOCK
 from trainstack_training.tracking.runfiles import (
     ARTIFACTS,
+    SAFE_ID,
     TAG_PREFIX,
     RunFiles,
     files_signature,
@@ -41,8 +47,9 @@ LAUNCH_TAG = f"{TAG_PREFIX}launch"
 ERROR_TAG = f"{TAG_PREFIX}error"
 NOTE_TAG = "mlflow.note.content"  # the run's description in the MLflow UI
 # A job's state -> the run's status (MLflow's RunStatus names).
-RUN_STATUS = {"succeeded": "FINISHED", "failed": "FAILED", "cancelled": "KILLED"}
-_SAFE_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
+RUN_STATUS = {
+    "succeeded": "FINISHED", "failed": "FAILED", "cancelled": "KILLED", "pruned": "KILLED",
+}  # fmt: skip
 
 
 class TrackingError(Exception):
@@ -66,7 +73,7 @@ class Synced:
     error: str = ""
 
 
-def _experiment_id(client: MlflowClient, name: str) -> str:
+def experiment_id(client: MlflowClient, name: str) -> str:
     from mlflow.exceptions import MlflowException
 
     found = client.get_experiment_by_name(name)
@@ -83,21 +90,23 @@ def _experiment_id(client: MlflowClient, name: str) -> str:
         return str(again.experiment_id)
 
 
-def find_or_create_run(client: MlflowClient, files: RunFiles, stack: str) -> tuple[Any, bool]:
-    """The job's run (found by its job id tag) and whether it was there already."""
+def find_or_create_run(
+    client: MlflowClient, files: RunFiles, stack: str, parent: dict[str, str] | None = None
+) -> tuple[Any, bool]:
+    """The job's run (found by its job id tag) and whether it was there already; made with
+    `parent`'s tags too (a sweep's trial: its parent run's, sweeps.child_tags)."""
     job_id = files.job_id
-    if not _SAFE_ID.match(job_id):
+    if not SAFE_ID.match(job_id):
         raise TrackingError(f"{files.run_dir}: job id {job_id!r} is not a trainstack job id")
-    experiment_id = _experiment_id(client, files.experiment(stack))
+    where = experiment_id(client, files.experiment(stack))
     wanted = f"tags.`{JOB_ID_TAG}` = '{job_id}'"
     if files.launch:
         wanted += f" and tags.`{LAUNCH_TAG}` = '{files.launch}'"
-    found = client.search_runs([experiment_id], filter_string=wanted, max_results=1)
+    found = client.search_runs([where], filter_string=wanted, max_results=1)
     if found:
         return found[0], True
-    run = client.create_run(
-        experiment_id, start_time=files.start_ms(), tags=files.tags(stack), run_name=job_id
-    )
+    tags = {**files.tags(stack), **(parent or {})}
+    run = client.create_run(where, start_time=files.start_ms(), tags=tags, run_name=job_id)
     return run, False
 
 
@@ -162,8 +171,8 @@ def _final_metrics(files: RunFiles, have: dict[str, set[int]]) -> list[Any]:
     ]
 
 
-def _log_batches(client: MlflowClient, run_id: str, metrics: list[Any], params: list[Any],
-                 tags: list[Any]) -> None:  # fmt: skip
+def log_batches(client: MlflowClient, run_id: str, metrics: list[Any], params: list[Any],
+                tags: list[Any]) -> None:  # fmt: skip
     """In MLflow's batch limits: 1000 metrics, 100 params, 100 tags a request."""
     for start in range(0, max(len(params), len(tags)), 100):
         client.log_batch(run_id, params=params[start : start + 100], tags=tags[start : start + 100])
@@ -221,19 +230,24 @@ def sync_run(run_dir: Path, client: MlflowClient, *, stack: str = "", ui_url: st
 def _sync_run(run_dir: Path, client: MlflowClient, *, stack: str, ui_url: str) -> Synced:
     from mlflow.entities import Param, RunTag
 
+    # sweeps.py builds on this module: imported here, where a trial's sync needs it.
+    from trainstack_training.tracking import sweeps
+
     files = RunFiles.read(run_dir)
     if not files.launched:  # the declared job's new launch, before its driver stamped it
         return Synced(files.job_id, status="PENDING", skipped=True)
     signature = files_signature(run_dir)
+    parent = sweeps.child_tags(client, files, stack=stack, ui_url=ui_url)  # {}: no sweep's
     run, have = known_run(client, files)
     if run is None:
-        run, existed = find_or_create_run(client, files, stack)
+        run, existed = find_or_create_run(client, files, stack, parent)
         have = logged_steps(client, run) if existed else {}
     run_id = run.info.run_id
     params = [Param(k, v) for k, v in files.params().items() if k not in run.data.params]
-    tags = [RunTag(k, v) for k, v in files.tags(stack).items() if run.data.tags.get(k) != v]
+    wanted = {**files.tags(stack), **parent}
+    tags = [RunTag(k, v) for k, v in wanted.items() if run.data.tags.get(k) != v]
     metrics = epoch_metrics(files, have) + _final_metrics(files, have)
-    _log_batches(client, run_id, metrics, params, tags)
+    log_batches(client, run_id, metrics, params, tags)
     sent = _artifacts(client, files, run_id)
     status = _finish(client, files, run)
     done = Synced(
@@ -255,6 +269,9 @@ def _sync_run(run_dir: Path, client: MlflowClient, *, stack: str, ui_url: str) -
             "synced_at": time.time(),
         },
     )
+    if parent:  # the trial's sweep: its best value, its end (the daemon's pass retries it)
+        with contextlib.suppress(*tracking_errors()):
+            sweeps.trial_synced(client, files, stack=stack, ui_url=ui_url)
     return done
 
 
