@@ -47,7 +47,7 @@ test: setup ## Everything, fast tier first (a failure stops there), then the eng
 	  python scripts/testplan.py fast && python scripts/testplan.py engine; rc=$$?; \
 	  python scripts/testplan.py table; exit $$rc
 
-test-engine: setup ## Every test but the unit tests, in two stages of two streams side by side (scripts/testplan.py).
+test-engine: setup ## Every test but the unit tests: four streams, each started when what it needs has passed (scripts/testplan.py).
 	@$(SETUP) browser
 	@$(ENV); python scripts/testplan.py engine
 

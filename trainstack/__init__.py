@@ -7,7 +7,8 @@
     print(c.wait(job)["state"])
 
 `Client` and `TrainstackError` are infra.jobs.client's, imported on first use (importing this
-package loads nothing else).
+package loads nothing else); the records its methods return are typed in infra.jobs.records
+(`JobRecord`, `SweepRecord`, `Trial`: JSON objects, dicts at run time).
 """
 
 from __future__ import annotations
@@ -16,11 +17,17 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from infra.jobs.client import Client, TrainstackError
+    from infra.jobs.records import JobRecord, SweepRecord, Trial
 
-__all__ = ["Client", "TrainstackError"]
+__all__ = ["Client", "JobRecord", "SweepRecord", "TrainstackError", "Trial"]
+_RECORDS = ("JobRecord", "SweepRecord", "Trial")
 
 
 def __getattr__(name: str) -> Any:
+    if name in _RECORDS:
+        from infra.jobs import records
+
+        return getattr(records, name)
     if name in __all__:
         from infra.jobs import client
 

@@ -230,14 +230,14 @@ def run(args: argparse.Namespace) -> int:
         print(json.dumps({"job_id": job_id}) if args.json else job_id)
         return 0
     if args.command == "status":
-        record = client.record(args.job_id)
+        record = dict(client.record(args.job_id))
         if args.json:
             print(json.dumps(status_view(record), sort_keys=True))
         else:
             print_status(record)
         return EXIT_FAILED if record.get("state") in ("failed", "cancelled") else 0
     if args.command == "list":
-        records = client.jobs()
+        records = [dict(r) for r in client.jobs()]
         if args.json:
             print(json.dumps(records, sort_keys=True))
             return 0
@@ -246,8 +246,8 @@ def run(args: argparse.Namespace) -> int:
     if args.command == "sync":
         return sync(client, args.job_id)
     if args.command == "cancel":
-        record = client.cancel(args.job_id)
-        print(f"job {args.job_id}: {record.get('state')}")
+        ended = client.cancel(args.job_id)
+        print(f"job {args.job_id}: {ended.get('state')}")
         return 0
     if args.command == "logs":
         state = _write(client.output(args.job_id, follow=args.follow, rank=args.rank))
@@ -305,21 +305,21 @@ def sweep(client: Client, args: argparse.Namespace) -> int:
         print(json.dumps({"sweep_id": sweep_id}) if args.json else sweep_id)
         return 0
     if command == "status":
-        record = client.sweep_status(args.sweep_id)
+        record = dict(client.sweep_status(args.sweep_id))
         print(json.dumps(record, sort_keys=True) if args.json else sweep_status_text(record))
         return EXIT_FAILED if record.get("state") in ("failed", "cancelled") else 0
     if command == "list":
-        records = client.sweeps()
+        found = [dict(r) for r in client.sweeps()]
         if args.json:
-            print(json.dumps(records, sort_keys=True))
+            print(json.dumps(found, sort_keys=True))
         else:
-            print(sweep_list_text(records))
+            print(sweep_list_text(found))
         return 0
     if command in ("cancel", "resume"):
-        record = client.sweep_cancel(args.sweep_id) if command == "cancel" else (
+        now = client.sweep_cancel(args.sweep_id) if command == "cancel" else (
             client.sweep_resume(args.sweep_id)
         )  # fmt: skip
-        print(f"sweep {args.sweep_id}: {record.get('state')}")
+        print(f"sweep {args.sweep_id}: {now.get('state')}")
         return 0
     if command == "logs":
         state = _write(client.sweep_output(args.sweep_id, follow=args.follow))

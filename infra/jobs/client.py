@@ -22,7 +22,7 @@ import time
 from collections.abc import Callable, Generator, Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 from trainstack_training.rundir import FINAL_STATES
 
@@ -36,6 +36,7 @@ from infra.jobs.commands import (
     check_rank,
     stack_outputs,
 )
+from infra.jobs.records import JobRecord, SweepRecord
 from infra.jobs.show import shown_state
 from infra.transport import TransportError
 
@@ -271,7 +272,7 @@ class Client:
         with _errors():
             return jobs.submit(Path(directory), dict(params or {}), overrides, priority)
 
-    def record(self, job: str | None = None) -> dict[str, Any]:
+    def record(self, job: str | None = None) -> JobRecord:
         """The job's record as stored, with its MLflow run as `tracking` when it has one
         (job None: the latest job)."""
         jobs = self._api()
@@ -283,13 +284,13 @@ class Client:
                 job = str(records[-1]["id"])
             record = jobs.record(job)
             tracking = jobs.tracking(job)
-        return {**record, **({"tracking": tracking} if tracking else {})}
+        return cast(JobRecord, {**record, **({"tracking": tracking} if tracking else {})})
 
-    def status(self, job: str | None = None) -> dict[str, Any]:
+    def status(self, job: str | None = None) -> JobRecord:
         """The job's record as `trainstack status --json` shows it (job None: the latest)."""
-        return status_view(self.record(job))
+        return cast(JobRecord, status_view(dict(self.record(job))))
 
-    def wait(self, job: str, timeout: float | None = None, poll: float = 2.0) -> dict[str, Any]:
+    def wait(self, job: str, timeout: float | None = None, poll: float = 2.0) -> JobRecord:
         """status() once the job ended (succeeded, failed, cancelled or pruned). The record is
         read every `poll` seconds at first, less often as it goes on (up to every
         MAX_POLL_SECONDS). TimeoutError after `timeout` seconds, naming the job and its state."""
@@ -330,17 +331,17 @@ class Client:
                 )
             )
 
-    def cancel(self, job: str) -> dict[str, Any]:
+    def cancel(self, job: str) -> JobRecord:
         """Stop the job (no process of it is left on any node): its final record."""
         jobs = self._api()
         with _errors():
-            return jobs.cancel(job)
+            return cast(JobRecord, jobs.cancel(job))
 
-    def jobs(self) -> list[dict[str, Any]]:
+    def jobs(self) -> list[JobRecord]:
         """Every job's record, oldest first (as `trainstack list --json`)."""
         jobs = self._api()
         with _errors():
-            return jobs.records()
+            return [cast(JobRecord, r) for r in jobs.records()]
 
     def sync(self, job: str | None = None) -> dict[str, Any]:
         """Sync the job's MLflow run now (job None: every job's): {"synced": [...]}, one
@@ -397,7 +398,7 @@ class Client:
                 priority=priority,
             )
 
-    def sweep_status(self, sweep: str | None = None) -> dict[str, Any]:
+    def sweep_status(self, sweep: str | None = None) -> SweepRecord:
         """The sweep's record: its definition, state, trials and best trial (sweep None: the
         latest sweep)."""
         sweeps = self._sweeps_api()
@@ -407,30 +408,31 @@ class Client:
                 if not found:
                     raise CliError("no sweeps on this stack yet", EXIT_INPUT)
                 sweep = str(found[-1]["id"])
-            return sweeps.record(sweep)
+            return cast(SweepRecord, sweeps.record(sweep))
 
-    def sweeps(self) -> list[dict[str, Any]]:
+    def sweeps(self) -> list[SweepRecord]:
         """Every sweep's record without its trials, oldest first."""
         sweeps = self._sweeps_api()
         with _errors():
             found = sweeps.records()
-        return sorted(found, key=lambda r: (r.get("submitted_at") or 0, str(r.get("id", ""))))
+        found = sorted(found, key=lambda r: (r.get("submitted_at") or 0, str(r.get("id", ""))))
+        return [cast(SweepRecord, r) for r in found]
 
-    def sweep_cancel(self, sweep: str) -> dict[str, Any]:
+    def sweep_cancel(self, sweep: str) -> SweepRecord:
         """Stop the sweep's driver and every running trial: its final record."""
         sweeps = self._sweeps_api()
         with _errors():
-            return sweeps.cancel(sweep)
+            return cast(SweepRecord, sweeps.cancel(sweep))
 
-    def sweep_resume(self, sweep: str) -> dict[str, Any]:
+    def sweep_resume(self, sweep: str) -> SweepRecord:
         """Start the sweep's driver again (it goes on with the trials it has): its record."""
         sweeps = self._sweeps_api()
         with _errors():
-            return sweeps.resume(sweep)
+            return cast(SweepRecord, sweeps.resume(sweep))
 
     def sweep_wait(
         self, sweep: str, timeout: float | None = None, poll: float = 5.0
-    ) -> dict[str, Any]:
+    ) -> SweepRecord:
         """sweep_status() once the sweep ended (succeeded, failed or cancelled), polled as
         wait() polls a job's. TrainstackError when its driver stopped (`sweep_resume`)."""
         sweeps = self._sweeps_api()

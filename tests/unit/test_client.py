@@ -310,3 +310,25 @@ def test_failures_are_one_line_and_their_exit_code(
     # The stack first, as before the Client: unreachable is exit 3 even with a bad argument.
     assert cli.main(["submit", "examples/digits", "--epochs", "0"]) == 3
     assert "pulumi failed" in capsys.readouterr().err
+
+
+def test_the_client_returns_typed_records() -> None:
+    """Each record a method returns has a type that names its fields (infra.jobs.records),
+    importable from `trainstack` as the client is."""
+    import typing
+
+    from trainstack import Client, JobRecord, SweepRecord, Trial
+
+    hints = {name: typing.get_type_hints(getattr(Client, name))["return"] for name in (
+        "status", "wait", "cancel", "record", "sweep_status", "sweep_wait", "sweep_cancel",
+        "sweep_resume",
+    )}  # fmt: skip
+    assert hints == {
+        "status": JobRecord, "wait": JobRecord, "cancel": JobRecord, "record": JobRecord,
+        "sweep_status": SweepRecord, "sweep_wait": SweepRecord, "sweep_cancel": SweepRecord,
+        "sweep_resume": SweepRecord,
+    }  # fmt: skip
+    assert typing.get_type_hints(Client.jobs)["return"] == list[JobRecord]
+    assert typing.get_type_hints(Client.sweeps)["return"] == list[SweepRecord]
+    assert typing.get_type_hints(SweepRecord)["trials"] == list[Trial]
+    assert {"id", "state", "params", "result", "sweep", "trial"} <= set(JobRecord.__annotations__)
