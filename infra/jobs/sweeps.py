@@ -55,6 +55,16 @@ CANCEL_WAIT_SECONDS = 90
 TRIAL_WORKERS = 1
 
 
+def check_id(sweep_id: str) -> None:
+    """A sweep id as `trainstack sweep` prints them (it names a directory on the cluster)."""
+    if not SWEEP_ID.fullmatch(sweep_id):
+        raise CliError(
+            f"{sweep_id!r} is not a sweep id (sweep-YYYYMMDD-HHMMSS-xxxx: "
+            "`trainstack sweep list` shows them)",
+            EXIT_INPUT,
+        )
+
+
 def driver_alive(record: dict[str, Any], now: float | None = None) -> bool:
     """The sweep's driver beats (its heartbeat is at most STALE_SECONDS old)."""
     now = time.time() if now is None else now
@@ -157,12 +167,7 @@ class Sweeps:
         return {}
 
     def _raw(self, sweep_id: str, node: Transport | None = None) -> dict[str, Any]:
-        if not SWEEP_ID.fullmatch(sweep_id):
-            raise CliError(
-                f"{sweep_id!r} is not a sweep id (sweep-YYYYMMDD-HHMMSS-xxxx: "
-                "`trainstack sweep list` shows them)",
-                EXIT_INPUT,
-            )
+        check_id(sweep_id)
         node = node or self.jobs.any_node()
         record = self._json(node, f"{SWEEPS}/{sweep_id}/{SWEEP_RECORD}")
         if not record:
@@ -215,8 +220,7 @@ class Sweeps:
         return sorted(found, key=lambda r: (r.get("submitted_at", 0), r.get("id", "")))
 
     def output_from(self, sweep_id: str, offset: int) -> bytes:
-        if not SWEEP_ID.fullmatch(sweep_id):
-            self._raw(sweep_id)  # the one sentence for a bad id
+        check_id(sweep_id)
         node = self.jobs.any_node()
         code, out = node.run(
             ["tail", "-c", f"+{offset + 1}", f"{SWEEPS}/{sweep_id}/{OUTPUT}"], user=JOB_USER

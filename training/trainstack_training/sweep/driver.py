@@ -81,6 +81,7 @@ class Driver:
         self.template: dict[str, Any] = dict(self.record["template"])
         self.base_params: dict[str, Any] = dict(self.record.get("params") or {})
         self.running: dict[int, TrialJob] = {}
+        self.handles: dict[int, Any] = {}  # each running trial's optuna Trial, by number
         self.rows: dict[int, dict[str, Any]] = {}  # the trials' table, by number
         self.done = threading.Event()
         self.study: Any = None
@@ -196,7 +197,7 @@ class Driver:
         trial.set_user_attr(JOB_ID_ATTR, job_id)  # in the study before the job exists
         merged = {**self.base_params, **params}
         job = TrialJob.start(self.models_dir, self.id, trial.number, merged, self.template)
-        self.running[trial.number] = job
+        self.running[trial.number], self.handles[trial.number] = job, trial
         self.row(job, "queued")
         shown = ", ".join(f"{k}={_short(v)}" for k, v in params.items())
         self.say(f"trial {trial.number} started as job {job_id}: {shown}")
@@ -237,16 +238,15 @@ class Driver:
                     dict(frozen.params), user_attrs={RERUN_ATTR: frozen.number}
                 )
                 continue
-            self.running[frozen.number] = job
+            self.running[frozen.number], self.handles[frozen.number] = job, trial
             self.row(job, str(record.get("state") or "queued"))
             self.say(f"trial {frozen.number} (job {job_id}) followed again")
 
     def follow(self, number: int, job: TrialJob) -> None:
         """Report the trial's new epochs, stop it when it lags, tell its end."""
-        import optuna
         from optuna.trial import TrialState
 
-        trial = optuna.trial.Trial(self.study, self.study_trial_id(number))
+        trial = self.handles[number]
         record = job.record()
         state = str(record.get("state") or "queued")
         for epoch, value, names in job.new_epochs(self.spec.metric):
@@ -269,11 +269,11 @@ class Driver:
                 self.study.tell(trial, state=TrialState.FAIL)
                 self.row(job, "failed")
                 self.say(f"trial {number} failed: its queue process is gone")
-                del self.running[number]
+                del self.running[number], self.handles[number]
             else:
                 self.row(job, state)
             return
-        del self.running[number]
+        del self.running[number], self.handles[number]
         if state == "succeeded":
             value = job.last_value(self.spec.metric)
             if value is None:
@@ -294,9 +294,6 @@ class Driver:
             self.row(job, state)
             error = str(record.get("error") or "")
             self.say(f"trial {number} {state}" + (f": {error}" if error else ""))
-
-    def study_trial_id(self, number: int) -> int:
-        return int(self.trials()[number]._trial_id)
 
     def stop_all(self, reason: str) -> None:
         for job in self.running.values():

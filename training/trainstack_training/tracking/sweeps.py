@@ -69,8 +69,7 @@ from trainstack_training.tracking.sync import (
     Synced,
     experiment_id,
     log_batches,
-    one_line,
-    tracking_errors,
+    sync_each,
 )
 
 if TYPE_CHECKING:
@@ -314,14 +313,7 @@ def sync_sweeps(models_dir: Path, client: MlflowClient, *, stack: str = "", ui_u
                 force: bool = False) -> list[Synced]:  # fmt: skip
     """The pass over every sweep of the models directory (after the runs: a trial's final sync
     comes before its sweep's end); an error is that sweep's `error`."""
-    errors = tracking_errors()
-    done = []
-    for sweep_dir in sweep_dirs(models_dir):
-        if not force and sweep_up_to_date(sweep_dir):
-            done.append(Synced(sweep_dir.name, skipped=True, complete=True))
-            continue
-        try:
-            done.append(sync_sweep(sweep_dir, client, stack=stack, ui_url=ui_url))
-        except errors as exc:
-            done.append(Synced(sweep_dir.name, error=one_line(exc)))
-    return done
+    return sync_each(
+        sweep_dirs(models_dir), sweep_up_to_date, sync_sweep, client,
+        stack=stack, ui_url=ui_url, force=force,
+    )  # fmt: skip

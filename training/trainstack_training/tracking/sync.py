@@ -18,7 +18,7 @@ from __future__ import annotations
 import contextlib
 import fcntl
 import time
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -297,14 +297,24 @@ def sync_all(
 ) -> list[Synced]:  # fmt: skip
     """Sync each run directory (an up-to-date one is skipped unless `force`); an error is
     that run's `error`, and the others are synced all the same."""
+    return sync_each(dirs, up_to_date, sync_run, client, stack=stack, ui_url=ui_url, force=force)
+
+
+def sync_each(
+    dirs: Iterable[Path], fresh: Callable[[Path], bool], sync_one: Callable[..., Synced],
+    client: MlflowClient, *, stack: str, ui_url: str, force: bool,
+) -> list[Synced]:  # fmt: skip
+    """`sync_one` over each directory (a run's, or a sweep's: sweeps.py), skipping the ones
+    `fresh` says are up to date unless `force`; an error is that directory's `error`, and the
+    others are synced all the same."""
     errors = tracking_errors()
     done = []
-    for run_dir in dirs:
-        if not force and up_to_date(run_dir):
-            done.append(Synced(run_dir.name, skipped=True, complete=True))
+    for directory in dirs:
+        if not force and fresh(directory):
+            done.append(Synced(directory.name, skipped=True, complete=True))
             continue
         try:
-            done.append(sync_run(run_dir, client, stack=stack, ui_url=ui_url))
+            done.append(sync_one(directory, client, stack=stack, ui_url=ui_url))
         except errors as exc:
-            done.append(Synced(run_dir.name, error=one_line(exc)))
+            done.append(Synced(directory.name, error=one_line(exc)))
     return done
