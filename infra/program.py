@@ -210,22 +210,17 @@ def main() -> None:
     pulumi.export(
         "provisioning", {"hosts": provisioning.stats, "duration_s": provisioning.duration_s}
     )
-    if not config.train:
-        return
-
-    assert job is not None and spec is not None  # config.train
-    settings = training_settings(config, job.sha, job_data(config, spec, job.sha))
     experiment = topology.resource_prefix(config, stack)
-    if env is not None:  # only then: an unchanged job without packages keeps its trigger
-        settings["env_sha"] = env.sha
     # What `trainstack submit` needs (infra/jobs/commands.py): the nodes that may submit, and the
-    # stack's training settings as a submitted job's defaults.
+    # stack's training settings as a submitted job's defaults. A stack with no declared job
+    # (trainstack:train false) takes submitted jobs all the same.
+    defaults = training_settings(config)
     pulumi.export("jobNodes", cluster.submit_candidates)
     pulumi.export(
         "jobDefaults",
         pulumi.Output.from_input(cluster.spark_master_url).apply(
             lambda url: {
-                **{k: v for k, v in settings.items() if k not in JOB_ONLY_SETTINGS},
+                **{k: v for k, v in defaults.items() if k not in JOB_ONLY_SETTINGS},
                 # A submitted job's manifest names its own data; else the stack's.
                 "data": stack_data(config),
                 "master_url": url,
@@ -239,6 +234,13 @@ def main() -> None:
             }
         ),
     )
+    if not config.train:
+        return
+
+    assert job is not None and spec is not None  # config.train
+    settings = training_settings(config, job.sha, job_data(config, spec, job.sha))
+    if env is not None:  # only then: an unchanged job without packages keeps its trigger
+        settings["env_sha"] = env.sha
     # The declared job's ranks: its manifest's (`[job] workers`) unless the stack's
     # trainWorkers is set; submitted jobs' defaults (jobDefaults) stay the stack's.
     declared = dict(settings)

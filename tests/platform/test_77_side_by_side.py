@@ -80,10 +80,14 @@ def test_two_one_worker_jobs_train_at_once_and_each_equals_its_run_alone(platfor
             assert got[name] == pytest.approx(value, abs=1e-5), (job_id, name, got, expected)
 
 
-def test_a_failed_and_a_cancelled_job_leave_the_one_beside_them_training(platform, tmp_path):
-    """One long one-worker job trains while another fails on its code and a third is cancelled
-    mid-training: the long one never stops, and the cancelled one's processes (its ranks
-    among them, by PID) are gone."""
+def test_a_failed_a_stuck_and_a_cancelled_job_leave_the_one_beside_them_training(
+    platform, tmp_path
+):
+    """One long one-worker job trains while another fails on its code, a third makes no
+    progress and fails on its `progress_timeout` (its rank's watchdog ends that rank's process
+    in the warm runner's daemon), and a fourth is cancelled mid-training: the long one is
+    never retried nor stopped, and the cancelled one's processes (its ranks among them, by
+    PID) are gone."""
     steady = submit(platform, str(EXAMPLES / "digits"), "--workers", "1", "--epochs", "400")
     wait_until("the steady job's first epoch", lambda: epochs_done(platform, steady) >= 1, 300)
     broken = tmp_path / "broken"
@@ -93,6 +97,21 @@ def test_a_failed_and_a_cancelled_job_leave_the_one_beside_them_training(platfor
     failed = submit(platform, str(broken), "--workers", "1")
     assert wait_state(platform, failed, ENDED)["state"] == "failed"
     assert "no model today" in status(platform, failed)["error"]
+    stuck_dir = tmp_path / "stuck"
+    stuck_dir.mkdir()
+    (stuck_dir / "trainstack.toml").write_text(
+        '[job]\nentry = "stuck"\ndata = "none"\nprogress_timeout = 5\n'
+    )
+    (stuck_dir / "stuck.py").write_text(
+        "import time\n\n\ndef wait_forever():\n    while True:\n        time.sleep(0.2)\n"
+        "\n\ndef train(ctx):\n    wait_forever()\n"
+    )
+    stuck = submit(platform, str(stuck_dir), "--workers", "1")
+    assert wait_state(platform, stuck, ENDED)["state"] == "failed"
+    error = status(platform, stuck)["error"]
+    assert error.startswith("no progress for 5 s on rank 0"), error
+    stacks = sh(platform.container("control-3"), f"cat {MODELS}/{stuck}/stacks-rank0.txt")[1]
+    assert "in wait_forever" in stacks, stacks[:2000]
     # The next job's processes are the new ones: the steady job's run already.
     watch = JobWatch(sh, workers(platform))
     cancelled = submit(platform, str(EXAMPLES / "digits"), "--workers", "1", "--epochs", "400")
@@ -109,6 +128,9 @@ def test_a_failed_and_a_cancelled_job_leave_the_one_beside_them_training(platfor
         "the steady job's next epochs", lambda: epochs_done(platform, steady) > before + 1, 120
     )
     assert record(platform, steady)["state"] == "running"
+    code, out = sh(platform.container("control-3"), f"cat {MODELS}/{steady}/epochs.jsonl")
+    attempts = {json.loads(line)["attempt"] for line in out.splitlines() if line.startswith("{")}
+    assert code == 0 and attempts == {1}, out[-2000:]  # never retried
     stop = trainstack(platform, "cancel", steady, timeout=60)
     assert stop.returncode == 0 and "cancelled" in stop.stdout, stop.stdout + stop.stderr
 

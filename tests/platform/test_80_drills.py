@@ -18,6 +18,10 @@ stack usable for the next:
      container; the next `up` resumes it). Drill 4a, two SIGINTs during provisioning, strikes
      the secret rotation's `up` (test_50_rotation): one rotation serves both, and drill 2
      then shows that a standby restarted by that interrupted rotation still takes over.
+  (8, the MLflow server stopped mid-job, is in test_79_tracking.)
+  9  a worker is lost (its container killed) while two one-worker jobs of `trainstack submit`
+     train side by side: the job on it resumes from its backup on the free worker, the other
+     trains on untouched
 """
 
 from __future__ import annotations
@@ -43,6 +47,7 @@ from tests.support.stacks import (
     wait_until,
 )
 
+from .cli import EXAMPLES, rank_hosts, record, trainstack, wait_state
 from .conftest import CONFIG, DATA, MODELS, hold, record_drill, release
 
 pytestmark = pytest.mark.drills
@@ -514,4 +519,87 @@ def test_drill_4_two_sigints_during_training_next_up_resumes_the_run(platform, s
         recovery_s=round(recovery_s, 1),
         recovery_is="from the second SIGINT to the end of the next `up` (the rest of the run)",
         lost="the unfinished epoch at the stop (redone)",
+    )
+
+
+def test_drill_9_lost_worker_with_two_jobs_resumes_its_job_leaves_the_other(
+    platform, settled, engine
+):
+    """Two one-worker jobs train side by side (`trainstack submit --workers 1`); the container
+    of the worker under one of them is killed (not the submitting node, whose warm runner
+    drives both). That job's barrier stage is retried on the third worker's free slot and
+    resumes from the backup of its last finished epoch; the other job is never retried and
+    keeps training. The killed worker, started again, registers again."""
+    stack = settled
+    digits = str(EXAMPLES / "digits")
+    jobs = []
+    for _ in range(2):
+        submitted = trainstack(platform, "submit", digits, "--workers", "1", "--epochs", "400")
+        assert submitted.returncode == 0, submitted.stderr
+        jobs.append(submitted.stdout.strip())
+    run_dirs = {j: f"{MODELS}/{j}" for j in jobs}
+    try:
+        wait_until(
+            "two finished epochs of each job, and each rank's host",
+            lambda: all(
+                len(epoch_rows(engine, stack, run_dirs[j])) >= 2 and rank_hosts(platform, j)
+                for j in jobs
+            ),
+            300,
+            every=2,
+        )
+        # The submitting node (its container's name in the record) runs both jobs' drivers.
+        submitting = {record(platform, j)["node"].removeprefix(f"{stack.label}-") for j in jobs}
+        # A rank's log names its host by address: the worker's container on the stack's network.
+        nodes = {ip_of(engine, stack, f"worker-{i}"): f"worker-{i}" for i in range(1, WORKERS + 1)}
+        hosts = {j: nodes[rank_hosts(platform, j)[0]] for j in jobs}
+        assert len(set(hosts.values())) == 2, hosts  # a slot each, on two workers
+        assert len(submitting) == 1, submitting
+        struck = next(j for j in jobs if hosts[j] not in submitting)
+        other = next(j for j in jobs if j != struck)
+        node = hosts[struck]
+        done_before = len(epoch_rows(engine, stack, run_dirs[struck]))
+        other_before = len(epoch_rows(engine, stack, run_dirs[other]))
+        container(engine, stack, node).kill()
+        killed = time.monotonic()
+        try:
+            retried = wait_until(
+                f"an epoch of {struck} finished by its retried attempt",
+                lambda: [
+                    r for r in epoch_rows(engine, stack, run_dirs[struck]) if r["attempt"] > 1
+                ],
+                timeout=600,
+                every=2,
+            )
+            recovery_s = time.monotonic() - killed
+        finally:
+            container(engine, stack, node).start()  # killed by hand: the engine leaves it stopped
+        rows = epoch_rows(engine, stack, run_dirs[struck])
+        first_retried = retried[0]["epoch"]
+        # Resumed from the backup of its last finished epoch, not from the start.
+        assert first_retried > 1 and first_retried >= done_before - 1, (done_before, rows)
+        assert record(platform, struck)["state"] == "running"
+        new_host = nodes.get(rank_hosts(platform, struck)[0], rank_hosts(platform, struck)[0])
+        # The other job: never retried, and it trained on through the loss.
+        other_rows = epoch_rows(engine, stack, run_dirs[other])
+        assert {r["attempt"] for r in other_rows} == {1}, other_rows
+        assert len(other_rows) > other_before, (other_before, other_rows)
+        assert record(platform, other)["state"] == "running"
+        back = wait_healthy(engine, stack, timeout=300)
+    finally:
+        for job_id in jobs:
+            trainstack(platform, "cancel", job_id, timeout=60)
+    for job_id in jobs:
+        assert wait_state(platform, job_id, ("cancelled",), timeout=120)["state"] == "cancelled"
+    record_drill(
+        "9_lost_worker_two_jobs",
+        outcome=f"{struck} resumed from its backup on {new_host}; {other} trained on, "
+        "never retried",
+        killed=f"{node} (container), under {struck} after {done_before} finished epoch(s)",
+        resumed_epoch=first_retried,
+        recovery_s=round(recovery_s, 1),
+        recovery_is="from the kill to the first epoch finished by the retried barrier stage",
+        after_restart=f"{node} registered again; workers ALIVE: {back['workers']}",
+        lost=f"the unfinished part of epoch {first_retried} of {struck} (redone); nothing of "
+        f"{other}",
     )

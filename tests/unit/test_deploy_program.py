@@ -337,7 +337,15 @@ PROGRAM_OUTPUTS = {
         "provisioning",
         *JOB_OUTPUTS,
     ],
-    "docker-unbaked": [*DOCKER_OUTPUTS, *TRACKING, *OBJECT_STORE, "provisioning"],
+    # No declared job (train false): submitted jobs all the same.
+    "docker-unbaked": [
+        *DOCKER_OUTPUTS,
+        *TRACKING,
+        *OBJECT_STORE,
+        "provisioning",
+        "jobDefaults",
+        "jobNodes",
+    ],
     "docker-bare": [*DOCKER_OUTPUTS, "monitoringUrl", *TRACKING, *OBJECT_STORE],
     "ssh": [
         "inventory",
@@ -423,6 +431,18 @@ def test_docker_program_outputs(monkeypatch, tmp_path):
         "auth_file": "/etc/trainstack/mlflow/auth.ini",
         "ui_url": "http://127.0.0.1:19100",
     }
+
+
+def test_a_stack_without_a_declared_job_takes_submitted_jobs_with_the_same_defaults(
+    monkeypatch, tmp_path
+):
+    """trainstack:train false declares no job, yet `trainstack submit` needs jobNodes and
+    jobDefaults: the same as a stack with the declared job has."""
+    _, declared = run_program(PROGRAM_CASES["docker"], monkeypatch, tmp_path / "declared")
+    _, none = run_program({"train": "false"}, monkeypatch, tmp_path / "none")
+    assert "training" not in none
+    assert none["jobNodes"] == declared["jobNodes"]
+    assert none["jobDefaults"] == declared["jobDefaults"]
 
 
 def test_unbaked_docker_program_names_the_base_image_and_no_node_image(monkeypatch, tmp_path):
