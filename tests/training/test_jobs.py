@@ -43,19 +43,23 @@ def _starts(path: Path) -> list[tuple[int, int]]:
     return [(int(r), int(a)) for r, a in (ln.split() for ln in lines if ln.strip())]
 
 
-def _check_the_code_ran_in_the_first_attempt_only(
+def _check_the_code_ran_in_one_attempt_only(
     out: Path, starts_file: Path
 ) -> tuple[Counter[int], int]:
     """Spark ran all MAX_ATTEMPTS barrier-stage attempts (rank 0 logs each one's start before
-    the ranks meet), yet the job's code ran in the first only, at most once per rank: the
-    retries failed at once on the recorded error. Returns the code's runs per rank and the
-    rank whose error was recorded."""
+    the ranks meet), yet the job's code ran in one attempt only, at most once per rank: the
+    retries after it failed at once on the recorded error. That attempt is the first unless
+    an earlier one failed before the code started (seen in CI on a loaded machine: TensorFlow's
+    gRPC server could not bind the port its rank had picked, and Spark retried the stage).
+    Returns the code's runs per rank and the rank whose error was recorded."""
     attempts = (out / ATTEMPTS_LOG).read_text().splitlines()
     assert len(attempts) == MAX_ATTEMPTS, attempts
     starts = _starts(starts_file)
     print(f"{len(attempts)} barrier-stage attempts; the job's code started as {starts}")
     assert starts, "the job's code never started: the count below would prove nothing"
-    assert [a for _, a in starts] == [1] * len(starts), f"the code reran in a retry: {starts}"
+    ran_in = {a for _, a in starts}
+    assert len(ran_in) == 1, f"the code reran in a retry: {starts}"
+    assert min(ran_in) < MAX_ATTEMPTS, f"the code ran in the last attempt only: {starts}"
     per_rank = Counter(r for r, _ in starts)
     assert set(per_rank) <= set(range(WORKERS)) and max(per_rank.values()) == 1, starts
     return per_rank, int(json.loads((out / ERROR_FILE).read_text())["rank"])
@@ -132,7 +136,7 @@ def test_an_error_in_the_users_code_names_their_file_and_line_and_is_not_retried
     assert 'File "m.py", line 3, in build_model' in s["error"]
     assert "trainstack_training" not in s["error"] and "pyspark" not in s["error"]
     # The retried attempts fail at once on the recorded error: no code reruns.
-    ran, recorded = _check_the_code_ran_in_the_first_attempt_only(out, tmp_path / "starts")
+    ran, recorded = _check_the_code_ran_in_one_attempt_only(out, tmp_path / "starts")
     assert ran[recorded] == 1, (recorded, ran)  # the error recorded is of the code's one run
 
 
@@ -165,9 +169,9 @@ def test_a_job_without_progress_fails_with_every_ranks_stacks(tmp_path):
     log = (out / f"rank-{rank}.log").read_text()
     assert "trainstack: no progress for 4 s" in log and "in wait_forever" in log, log[-2000:]
     # One hang, not one per retry: the retries fail at once on the recorded error, so the code
-    # ran in the first attempt only and no rank hung twice (each hang appends its notice to
+    # ran in one attempt only and no rank hung twice (each hang appends its notice to
     # the rank's log, which every attempt appends to); the rank named in the error hung once.
-    _ran, recorded = _check_the_code_ran_in_the_first_attempt_only(out, tmp_path / "starts")
+    _ran, recorded = _check_the_code_ran_in_one_attempt_only(out, tmp_path / "starts")
     assert s["error"].startswith(f"no progress for 4 s on rank {recorded} "), s["error"]
     hung = {int(p.name.removeprefix("stacks-rank").removesuffix(".txt")) for p in stacks}
     assert recorded in hung and hung <= set(range(WORKERS)), (recorded, stacks)
