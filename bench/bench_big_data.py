@@ -17,7 +17,11 @@ Brings up a default stack of its own (2 workers with their 2 GiB limit, the obje
   this machine: the peak of its working set (usage less inactive file cache, as `docker stats`
   counts it), of its resident memory (`total_rss`), its limit and its OOM kills; and from the
   job's metrics.json each rank's own peak (VmHWM), its input (memory or stream) and why, the
-  data stage's and the barrier stage's seconds, the rows and the final metrics.
+  data stage's and the barrier stage's seconds, the rows and the final metrics;
+- every 5 s, each worker's process table (`ps` in the container): the one whose resident
+  total was the largest is kept, its processes named by what they are (the executor's JVM,
+  the Spark worker, the warm runner's driver, the preloaded framework daemon, a rank...), so
+  the peak is itemised. Resident sizes count a forked process's shared pages in each process.
 
 The issue's bar (issue 48): at least one epoch trains on two workers, each worker's peak under
 its limit, and the peak about the same for a tenth of the data. The stack is destroyed at the
@@ -46,6 +50,18 @@ from tests.support.stacks import Stack
 
 CGROUP = Path("/sys/fs/cgroup/memory/docker")  # cgroup v1 with the cgroupfs driver, as here
 MIB = 1 << 20
+# What a worker's processes are, by a piece of their command line (the first that matches).
+PROCESS_KINDS = (
+    ("CoarseGrainedExecutorBackend", "executor JVM"),
+    ("deploy.worker.Worker", "Spark worker JVM"),
+    ("SparkSubmit", "driver JVM (spark-submit)"),
+    ("pyspark.daemon", "PySpark worker daemon and its workers"),
+    ("pyspark/daemon", "PySpark worker daemon and its workers"),
+    ("trainstack_training.daemon", "preloaded framework daemon and its ranks"),
+    ("trainstack-train", "trainstack-train (the job's driver)"),
+    ("trainstack_training.warm", "warm runner (Python)"),
+    ("trainstack_training.queue", "job queue (Python)"),
+)
 
 
 class MemorySampler:
@@ -63,8 +79,13 @@ class MemorySampler:
         self.peaks: dict[str, dict[str, float]] = {n: {} for n in self.ids}
         self.start_oom = {n: self._oom_kills(n) for n in self.ids}
         self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, daemon=True)
-        self._thread.start()
+        self.tables: dict[str, dict[str, Any]] = {n: {"total_mb": 0.0} for n in self.ids}
+        self._threads = [
+            threading.Thread(target=self._run, daemon=True),
+            threading.Thread(target=self._run_ps, daemon=True),
+        ]
+        for thread in self._threads:
+            thread.start()
 
     def _read(self, name: str) -> dict[str, float]:
         base = CGROUP / self.ids[name]
@@ -94,9 +115,35 @@ class MemorySampler:
                 for key, value in seen.items():
                     peaks[key] = max(peaks.get(key, 0.0), value)
 
+    def _run_ps(self, every: float = 5.0) -> None:
+        while not self._stop.wait(every):
+            for name, full in self.ids.items():
+                try:
+                    text = docker("exec", full, "ps", "-ww", "-eo", "rss=,args=", check=False)
+                except OSError:
+                    continue
+                kinds: dict[str, float] = {}
+                for line in text.splitlines():
+                    rss, _, args = line.strip().partition(" ")
+                    if not rss.isdigit() or args.startswith("ps "):
+                        continue
+                    kind = next((k for key, k in PROCESS_KINDS if key in args), args[:60])
+                    kinds[kind] = kinds.get(kind, 0.0) + int(rss) / 1024
+                total = sum(kinds.values())
+                if total > self.tables[name]["total_mb"]:
+                    self.tables[name] = {
+                        "total_mb": round(total, 1),
+                        "processes_mb": {
+                            k: round(v, 1)
+                            for k, v in sorted(kinds.items(), key=lambda kv: -kv[1])
+                            if v >= 5
+                        },
+                    }
+
     def stop(self) -> dict[str, Any]:
         self._stop.set()
-        self._thread.join()
+        for thread in self._threads:
+            thread.join()
         out = {}
         for name, full in self.ids.items():
             limit = int((CGROUP / full / "memory.limit_in_bytes").read_text())
@@ -104,6 +151,7 @@ class MemorySampler:
                 **{f"peak_{k}": round(v, 1) for k, v in self.peaks[name].items()},
                 "limit_mb": round(limit / MIB, 1),
                 "oom_kills": self._oom_kills(name) - self.start_oom[name],
+                "largest_process_table_rss": self.tables[name],
             }
         return out
 

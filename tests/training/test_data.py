@@ -106,6 +106,10 @@ def test_every_path_gives_the_same_shards(
     assert set(arrow.phases) >= {"data_source", "data_arrow_read", "data_driver_prepare"}
     assert set(small.phases) >= {"data_source", "data_spark_read", "data_driver_prepare"}
     assert set(big.phases) >= {"data_spark_stats", "data_spark_write"}
+    # The distributed stage's one write leaves the shards and the validation set where the
+    # ranks read them, and nothing of the write beside them.
+    assert not (tmp_path / "spark" / "_parts").exists()
+    assert sorted(p.name for p in Path(big.train_dir).iterdir()) == [f"shard={k}" for k in range(3)]
 
 
 def test_the_arrow_path_never_starts_spark_sql(tmp_path: Path) -> None:

@@ -28,7 +28,7 @@ class DataInfo:
     seconds: float
     # "arrow": read with pyarrow and split in the driver, no Spark (small Parquet
     # sets); "driver": one Spark read job, then prepared in the driver (other small inputs);
-    # "spark": the distributed Spark stage (an aggregation job and the partitioned writes).
+    # "spark": the distributed Spark stage (an aggregation job and one partitioned write).
     path: str = "spark"
     phases: dict[str, float] = field(default_factory=dict)  # seconds per data-stage phase
     # "classification" (int32 labels in [0, n_classes)) or "regression" (float32 labels):

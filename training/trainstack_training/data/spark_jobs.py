@@ -1,8 +1,9 @@
 """The data stage's Spark jobs: the schema check of a set Spark reads and its size estimate,
 the "driver" path's one job (the set's columns, split and shard as an Arrow table), and the
 distributed path's two: one aggregation pass (the row counts, the label's checks, each
-feature's nulls and range over the training rows) and the write of the normalised features,
-the training rows partitioned by shard. A job's failure to read the set is one sentence here.
+feature's nulls and range over the training rows) and the one write of the normalised
+features, partitioned by shard (the validation rows a partition of their own). A job's
+failure to read the set is one sentence here.
 
 Runs in the training driver process (`trainstack-train`), called by `prepare` (stage.py): it
 builds the jobs, and Spark's executors run them.
@@ -10,6 +11,7 @@ builds the jobs, and Spark's executors run them.
 
 from __future__ import annotations
 
+import shutil
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -21,6 +23,10 @@ from trainstack_training.data.task import non_numeric_label
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame
+
+# The partition of the data stage's one write that holds the validation rows (the shards are
+# 0 .. workers-1).
+VAL_PARTITION = -1
 
 
 def _check_schema(df: DataFrame, cfg: TrainConfig) -> tuple[list[str], bool]:
@@ -123,9 +129,9 @@ def _write_normalised(
     columns: tuple[Any, Any, str],
     dirs: tuple[Path, Path],
 ) -> tuple[list[int], int]:
-    """Write the features scaled to [0, 1] by the training rows' ranges, the label and the
-    shard: the training rows partitioned by shard, the validation rows apart; the rows of
-    each shard and of the validation set."""
+    """Write the features scaled to [0, 1] by the training rows' ranges and the label: the
+    training rows partitioned by shard under `train_dir`, the validation rows in `val_dir`;
+    return the rows of each shard and of the validation set."""
     (label, shard, task), (train_dir, val_dir) = columns, dirs
     norm = []
     for i, c in enumerate(features):
@@ -135,25 +141,46 @@ def _write_normalised(
     out = df.select(
         F.array(*norm).alias("features"),
         label.cast("int" if task == CLASSIFICATION else "float").alias("label"),
-        shard.cast("int").alias("shard"),
-        F.col("_val"),
+        # The validation rows' partition, else the row's shard (computed for training rows
+        # only: Spark evaluates `otherwise` only where `when` is false).
+        F.when(F.col("_val"), F.lit(VAL_PARTITION)).otherwise(shard.cast("int")).alias("shard"),
     )
-    # Row groups of about ROW_GROUP_BYTES (Parquet's block size, compressed: a bound), the
-    # unit a streaming rank reads (data/stream.py).
-    block = str(ROW_GROUP_BYTES)
+    # One write, one more pass over the set (the aggregation was the first): the validation
+    # rows go to a partition of their own beside the shards, and the directories are then
+    # moved where the ranks read them. Two writes (training rows, then validation rows) read
+    # and hashed the whole set twice. Row groups of about ROW_GROUP_BYTES (Parquet's block
+    # size, compressed: a bound), the unit a streaming rank reads (data/stream.py).
+    parts = train_dir.parent / "_parts"
     (
-        out.filter(~F.col("_val"))
-        .drop("_val")
-        .write.mode("overwrite")
-        .option("parquet.block.size", block)
+        out.write.mode("overwrite")
+        .option("parquet.block.size", str(ROW_GROUP_BYTES))
         .partitionBy("shard")
-        .parquet(_spark_uri(train_dir))
+        .parquet(_spark_uri(parts))
     )
-    out.filter(F.col("_val")).drop("_val", "shard").write.mode("overwrite").option(
-        "parquet.block.size", block
-    ).parquet(_spark_uri(val_dir))
+    _move_partitions(parts, cfg.workers, train_dir, val_dir)
     shard_rows = [_parquet_rows(train_dir / f"shard={k}") for k in range(cfg.workers)]
     return shard_rows, _parquet_rows(val_dir)
+
+
+def _move_partitions(parts: Path, workers: int, train_dir: Path, val_dir: Path) -> None:
+    """Move the write's partitions where the ranks read them: `shard=<k>` into `train_dir`,
+    the validation partition to `val_dir` (a rename each, on the same file system). A
+    partition without rows was not written; its directory is made empty, as the reader
+    expects."""
+    for old in (train_dir, val_dir):
+        if old.exists():
+            shutil.rmtree(old)
+    train_dir.mkdir(parents=True)
+    for k in range(workers):
+        src = parts / f"shard={k}"
+        if src.exists():
+            src.rename(train_dir / f"shard={k}")
+    val = parts / f"shard={VAL_PARTITION}"
+    if val.exists():
+        val.rename(val_dir)
+    else:
+        val_dir.mkdir(parents=True)
+    shutil.rmtree(parts)
 
 
 def _parquet_rows(path: Path) -> int:

@@ -121,7 +121,7 @@ def prepare(
         # Another small set (CSV, a partitioned directory, types the arrow path leaves to
         # Spark): Spark reads it and computes the split and shard of every row (the same
         # expressions as below), in one job; the rest is numpy in the driver. This skips the
-        # aggregation job and the two partitioned writes.
+        # aggregation job and the partitioned write.
         mark = time.perf_counter()
         table = _collect(
             df.select(
