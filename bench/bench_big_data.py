@@ -55,8 +55,6 @@ PROCESS_KINDS = (
     ("CoarseGrainedExecutorBackend", "executor JVM"),
     ("deploy.worker.Worker", "Spark worker JVM"),
     ("SparkSubmit", "driver JVM (spark-submit)"),
-    ("pyspark.daemon", "PySpark worker daemon and its workers"),
-    ("pyspark/daemon", "PySpark worker daemon and its workers"),
     ("trainstack_training.daemon", "preloaded framework daemon and its ranks"),
     ("trainstack-train", "trainstack-train (the job's driver)"),
     ("trainstack_training.warm", "warm runner (Python)"),

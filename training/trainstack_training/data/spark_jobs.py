@@ -145,11 +145,10 @@ def _write_normalised(
         # only: Spark evaluates `otherwise` only where `when` is false).
         F.when(F.col("_val"), F.lit(VAL_PARTITION)).otherwise(shard.cast("int")).alias("shard"),
     )
-    # One write, one more pass over the set (the aggregation was the first): the validation
-    # rows go to a partition of their own beside the shards, and the directories are then
-    # moved where the ranks read them. Two writes (training rows, then validation rows) read
-    # and hashed the whole set twice. Row groups of about ROW_GROUP_BYTES (Parquet's block
-    # size, compressed: a bound), the unit a streaming rank reads (data/stream.py).
+    # One write, the second and last pass over the set: the validation rows are a partition
+    # of their own beside the shards, and the directories are then moved where the ranks read
+    # them. Row groups of about ROW_GROUP_BYTES (Parquet's block size, compressed: a bound),
+    # the unit a streaming rank reads (data/stream.py).
     parts = train_dir.parent / "_parts"
     (
         out.write.mode("overwrite")
@@ -164,9 +163,9 @@ def _write_normalised(
 
 def _move_partitions(parts: Path, workers: int, train_dir: Path, val_dir: Path) -> None:
     """Move the write's partitions where the ranks read them: `shard=<k>` into `train_dir`,
-    the validation partition to `val_dir` (a rename each, on the same file system). A
-    partition without rows was not written; its directory is made empty, as the reader
-    expects."""
+    the validation partition to `val_dir` (a rename each, on the same file system). A shard
+    without rows gets no directory, as on the other paths (the shard checks name it); an
+    empty validation set an empty `val_dir`."""
     for old in (train_dir, val_dir):
         if old.exists():
             shutil.rmtree(old)
