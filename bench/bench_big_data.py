@@ -13,19 +13,20 @@ Brings up a default stack of its own (2 workers with their 2 GiB limit, the obje
   `trainstack data put`;
 - examples/regression submitted on each, one epoch, from s3a://: the tenth with
   `--data-stream on`, the whole set with the default (`auto`, which must choose to stream);
-- while each job runs, each worker container's memory, read from its cgroup every second on
-  this machine: the peak of its working set (usage less inactive file cache, as `docker stats`
-  counts it), of its resident memory (`total_rss`), its limit and its OOM kills; and from the
-  job's metrics.json each rank's own peak (VmHWM), its input (memory or stream) and why, the
+- while each job runs, each worker container's memory and that of the job drivers' node
+  (control-3, the first of `jobNodes`), read from its cgroup every second on this machine:
+  the peak of its working set (usage less inactive file cache, as `docker stats` counts it),
+  of its resident memory (`total_rss`), its limit and its OOM kills; and from the job's
+  metrics.json each rank's own peak (VmHWM), its input (memory or stream) and why, the
   data stage's and the barrier stage's seconds, the rows and the final metrics;
-- every 5 s, each worker's process table (`ps` in the container): the one whose resident
+- every 5 s, each of those nodes' process table (`ps` in the container): the one whose resident
   total was the largest is kept, its processes named by what they are (the executor's JVM,
   the Spark worker, the warm runner's driver, the preloaded framework daemon, a rank...), so
   the peak is itemised. Resident sizes count a forked process's shared pages in each process.
 
 The issue's bar (issue 48): at least one epoch trains on two workers, each worker's peak under
-its limit, and the peak about the same for a tenth of the data. The stack is destroyed at the
-end.
+its limit (and the drivers' node's under its own), and the peak about the same for a tenth of
+the data. The stack is destroyed at the end.
 """
 
 from __future__ import annotations
@@ -50,7 +51,7 @@ from tests.support.stacks import Stack
 
 CGROUP = Path("/sys/fs/cgroup/memory/docker")  # cgroup v1 with the cgroupfs driver, as here
 MIB = 1 << 20
-# What a worker's processes are, by a piece of their command line (the first that matches).
+# What a node's processes are, by a piece of their command line (the first that matches).
 PROCESS_KINDS = (
     ("CoarseGrainedExecutorBackend", "executor JVM"),
     ("deploy.worker.Worker", "Spark worker JVM"),
@@ -155,10 +156,11 @@ class MemorySampler:
 
 
 def train(
-    stack: Stack, control: str, data: str, workers: dict[str, str], *extra: str
+    stack: Stack, control: str, data: str, sampled: dict[str, str], *extra: str
 ) -> dict[str, Any]:
-    """examples/regression on `data`, one epoch, with the workers' memory sampled meanwhile."""
-    sampler = MemorySampler(workers)
+    """examples/regression on `data`, one epoch, with the nodes' memory (`sampled`: the
+    workers and the drivers' node) sampled meanwhile."""
+    sampler = MemorySampler(sampled)
     start = time.perf_counter()
     proc = cli(stack, "submit", str(EXAMPLE), "--data", data, "--epochs", "1", *extra)
     if proc.returncode != 0:
@@ -178,7 +180,7 @@ def train(
         "job_id": job_id,
         "state": record.get("state"),
         "submit_to_end_s": round(wall, 1),
-        "workers_memory": memory,
+        "nodes_memory": memory,
     }
     if record.get("state") != "succeeded":
         result["error"] = str(record.get("error", ""))[:2000]
@@ -249,6 +251,10 @@ def main() -> None:
             nodes = {n["name"]: n["container"] for n in outputs["nodes"]}
             workers = {n: c for n, c in sorted(nodes.items()) if n.startswith("worker")}
             control = sorted(c for n, c in nodes.items() if n.startswith("control"))[-1]
+            # The job drivers' node: the first of jobNodes (control-3 on the default stack).
+            drivers = outputs["jobNodes"][0]["name"]
+            sampled = {**workers, drivers: nodes[drivers]}
+            result["drivers_node"] = drivers
             bucket = outputs["objectStoreBucket"]
             for name, local in (("tenth", tenth), ("whole", whole)):
                 start = time.perf_counter()
@@ -262,20 +268,20 @@ def main() -> None:
             runs: dict[str, Any] = {}
             result["runs"] = runs
             runs["tenth_streamed"] = train(
-                stack, control, f"s3a://{bucket}/bench/tenth/", workers, "--data-stream", "on"
+                stack, control, f"s3a://{bucket}/bench/tenth/", sampled, "--data-stream", "on"
             )
             print(f"tenth: {runs['tenth_streamed']}", file=sys.stderr, flush=True)
-            runs["whole_auto"] = train(stack, control, f"s3a://{bucket}/bench/whole/", workers)
+            runs["whole_auto"] = train(stack, control, f"s3a://{bucket}/bench/whole/", sampled)
             print(f"whole: {runs['whole_auto']}", file=sys.stderr, flush=True)
             result["workers"] = len(workers)
             small, big = runs["tenth_streamed"], runs["whole_auto"]
             if small.get("state") == big.get("state") == "succeeded":
                 result["peak_working_set_mb"] = {
                     name: [
-                        small["workers_memory"][name]["peak_working_set_mb"],
-                        big["workers_memory"][name]["peak_working_set_mb"],
+                        small["nodes_memory"][name]["peak_working_set_mb"],
+                        big["nodes_memory"][name]["peak_working_set_mb"],
                     ]
-                    for name in workers
+                    for name in sampled
                 }
                 result["rank_peak_rss_mb"] = [small["rank_peak_rss_mb"], big["rank_peak_rss_mb"]]
         except SystemExit as exc:  # keep what was measured

@@ -94,9 +94,9 @@ def epoch_rows(container: str, run_dir: str) -> list[dict[str, Any]]:
     return [json.loads(line) for line in out.splitlines() if line.startswith("{")]
 
 
-def job_processes(workers: list[str]) -> int:
+def job_processes(nodes: list[str]) -> int:
     count = 0
-    for container in workers:
+    for container in nodes:
         out = subprocess.run(
             ["docker", "exec", container, "sh", "-c", JOB_PROCESSES],
             capture_output=True, text=True, check=False,
@@ -137,7 +137,7 @@ def main() -> None:
             stack.init(**CONFIG)
             stack.up()
             outputs = stack.outputs()
-            workers = [n["container"] for n in outputs["jobNodes"]]
+            job_nodes = [n["container"] for n in outputs["jobNodes"]]  # drivers, workers
             control = [n["container"] for n in outputs["nodes"] if n["name"].startswith("control")][
                 -1
             ]
@@ -213,7 +213,7 @@ def main() -> None:
                 stop = cli(stack, "cancel", job_id, timeout=60)
                 if stop.returncode != 0:
                     raise SystemExit(f"cancel {n} failed: {stop.stderr}")
-                while job_processes(workers) and time.monotonic() - start < 60:
+                while job_processes(job_nodes) and time.monotonic() - start < 60:
                     time.sleep(0.25)
                 gone.append(time.monotonic() - start)
             time.sleep(5)
@@ -222,7 +222,7 @@ def main() -> None:
                 "max": round(max(gone), 2) if gone else None,
                 "all": [round(g, 2) for g in gone],
             }
-            result["stray_processes_after_cycles"] = job_processes(workers)
+            result["stray_processes_after_cycles"] = job_processes(job_nodes)
         finally:
             stack.destroy_and_remove()
     emit(result, args.out)

@@ -35,7 +35,14 @@ MONITORING_ROLE = "monitoring"
 TRACKING_ROLE = "tracking"
 # The node of the object store (roles/object_store): the first control node, as tracking's.
 OBJECT_STORE_ROLE = "object_store"
-GROUPS = ("control", "workers", *ROLES, TRACKING_ROLE, OBJECT_STORE_ROLE)
+# The node of the job drivers (a job's queue process, its `trainstack-train` and the warm
+# runner): the docker target's last control node, with trainstack:driverMemory and driverCpus
+# on top of its limits, so that a worker's memory limit holds only its executor and ranks.
+# `trainstack submit` and `pulumi up` submit there first, on a worker when it is down (the
+# stack output `jobNodes`). Not a role a server of the ssh target lists: there the workers
+# submit, as before.
+DRIVER_ROLE = "driver"
+GROUPS = ("control", "workers", *ROLES, TRACKING_ROLE, OBJECT_STORE_ROLE, DRIVER_ROLE)
 
 # Where each volume is mounted: the node layout (infra/nodes.py), which the inventory hands the
 # roles (docs/provisioning.md is the contract).
@@ -91,6 +98,10 @@ class NodeSpec:
     def is_object_store(self) -> bool:
         return OBJECT_STORE_ROLE in self.roles
 
+    @property
+    def is_driver(self) -> bool:
+        return DRIVER_ROLE in self.roles
+
 
 def plan(config: StackConfig) -> list[NodeSpec]:
     nodes: list[NodeSpec] = []
@@ -118,12 +129,17 @@ def plan(config: StackConfig) -> list[NodeSpec]:
         if object_store:
             roles += (OBJECT_STORE_ROLE,)
             volumes[f"objectstore-control-{i}"] = OBJECT_STORE_MOUNT
+        # The job drivers on the last control node: the one with the fewest services (no
+        # master, tracking or object store on the default stack's control-3).
+        driver = i == config.control_nodes
+        if driver:
+            roles += (DRIVER_ROLE,)
         nodes.append(
             NodeSpec(
                 key=f"control-{i}",
                 group="control",
                 roles=roles,
-                cpus=config.control_cpus,
+                cpus=config.control_cpus + (config.driver_cpus if driver else 0.0),
                 memory=config.control_memory,
                 zookeeper_id=i,
                 ui_port=(config.ui_port_base + i - 1 if config.ui_port_base else 0)
@@ -149,6 +165,30 @@ def plan(config: StackConfig) -> list[NodeSpec]:
             )
         )
     return nodes
+
+
+def service_memory(config: StackConfig, spec: NodeSpec) -> int:
+    """What the services a node hosts beyond its group's add to its memory limit, in bytes:
+    the tracking server's, the object store's and the job drivers' shares."""
+    return (
+        (config.tracking_memory_bytes if spec.is_tracking else 0)
+        + (config.object_store_memory_bytes if spec.is_object_store else 0)
+        + (config.driver_memory_bytes if spec.is_driver else 0)
+    )
+
+
+def memory_limit(config: StackConfig, spec: NodeSpec) -> int:
+    """A node's memory limit in bytes (the docker target enforces it): its group's, plus its
+    services' shares."""
+    base = config.control_memory_bytes if spec.group == "control" else config.worker_memory_bytes
+    return base + service_memory(config, spec)
+
+
+def submit_nodes(nodes: Sequence[NodeSpec]) -> list[NodeSpec]:
+    """Where jobs are submitted, in order of preference: the drivers' node, then the workers
+    (the first one reachable with its venv submits; a worker only when the drivers' node is
+    down, or on a target without one)."""
+    return [n for n in nodes if n.is_driver] + [n for n in nodes if "spark_worker" in n.roles]
 
 
 def server_plan(config: StackConfig, servers: Sequence[Server]) -> list[NodeSpec]:
@@ -212,7 +252,7 @@ def monitoring_vars(
     node = monitoring_node(nodes)
     if node is None:
         return {"trainstack_monitoring_enabled": False}
-    workers = [reach.get(n.key, n.key) for n in nodes if "spark_worker" in n.roles]
+    submitters = [reach.get(n.key, n.key) for n in submit_nodes(nodes)]
     return {
         "trainstack_monitoring_enabled": True,
         "trainstack_monitoring_scrape_interval": config.monitoring_scrape_interval,
@@ -222,8 +262,9 @@ def monitoring_vars(
             config.monitoring_progress_timeout_seconds
         ),
         "trainstack_pushgateway_url": f"http://{reach.get(node.key, node.key)}:{PUSHGATEWAY_PORT}",
-        # The training job's driver runs on the first worker (its UI has the executors' metrics).
-        "trainstack_spark_driver_host": workers[0] if workers else "",
+        # The training job's driver runs on the first submit node (the drivers' node, else the
+        # first worker): its UI has the executors' metrics.
+        "trainstack_spark_driver_host": submitters[0] if submitters else "",
     }
 
 

@@ -102,6 +102,12 @@ class StackValues:
     # What the object store (about 130 MiB resident idle, more while it takes uploads) adds
     # to its node's limit.
     object_store_memory: str = "512m"
+    # The job drivers' node (the docker target's last control node, docs/jobs.md, "Where a
+    # job's driver runs"): what the queue, each job's `trainstack-train` and the warm runner
+    # (its PySpark driver: about 740 MiB resident with two jobs) add to that node's limits, so
+    # the workers' memory is the executors' and the ranks' alone.
+    driver_memory: str = "1g"
+    driver_cpus: float = 0.3
     # An external S3-compatible endpoint (AWS or another) for s3a:// and the data stage's
     # pyarrow reads on every node, instead of the stack's store: its URL, keys (the secret one
     # a Pulumi secret: `pulumi config set --secret trainstack:s3SecretKey ...`), region and
@@ -144,6 +150,10 @@ class StackValues:
     @property
     def object_store_memory_bytes(self) -> int:
         return parse_size(self.object_store_memory)
+
+    @property
+    def driver_memory_bytes(self) -> int:
+        return parse_size(self.driver_memory)
 
     @property
     def worker_memory_bytes(self) -> int:

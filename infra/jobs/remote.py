@@ -83,7 +83,7 @@ def submitter(candidates: Sequence[Any], *, check_venv: bool = True) -> Transpor
         return node
     remedies = list(dict.fromkeys(node.remedy for node in nodes)) or ["start one"]
     raise RemoteError(
-        "training job: no worker node can submit the job ("
+        "training job: no node can submit the job ("
         + "; ".join(why)
         + "); "
         + " or ".join(remedies)

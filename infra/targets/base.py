@@ -78,7 +78,8 @@ class ClusterOutputs(Protocol):
 
     @property
     def submit_candidates(self) -> list[dict]:
-        """The worker nodes that may submit a job, as transport records (infra.transport)."""
+        """The nodes that may submit a job, in order of preference (the job drivers' node,
+        then the workers: topology.submit_nodes), as transport records (infra.transport)."""
 
     @property
     def tracking_node(self) -> dict | None:

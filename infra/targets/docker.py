@@ -184,13 +184,7 @@ class DockerCluster(pulumi.ComponentResource):
                     baked=args.node_image_tag is not None,
                     network_name=network.name,
                     labels=labels,
-                    memory_bytes=(
-                        config.control_memory_bytes
-                        if spec.group == "control"
-                        else config.worker_memory_bytes
-                    )
-                    + (config.tracking_memory_bytes if spec.is_tracking else 0)
-                    + (config.object_store_memory_bytes if spec.is_object_store else 0),
+                    memory_bytes=topology.memory_limit(config, spec),
                     bind_address=config.bind_address,
                     shared_volumes=shared,
                     retain_data=config.retain_data,
@@ -247,7 +241,7 @@ class DockerCluster(pulumi.ComponentResource):
             spec.key: {"name": spec.key, "transport": "docker", "container": f"{prefix}-{spec.key}"}
             for spec in plan
         }
-        self.submit_candidates = [records[s.key] for s in plan if "spark_worker" in s.roles]
+        self.submit_candidates = [records[s.key] for s in topology.submit_nodes(plan)]
         tracker = topology.tracking_node(plan)
         self.tracking_node = records[tracker.key] if tracker else None
         # The boost lifts the CPU limits of the local engine's containers.

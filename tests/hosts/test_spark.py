@@ -67,7 +67,7 @@ def test_worker_registered_with_alive_master(host, masters):
     assert mine[0]["memory"] == _size_mb(hv["trainstack_spark_worker_memory"])
 
 
-@pytest.mark.group("spark_worker", "spark_master", "tensorflow")
+@pytest.mark.group("spark_worker", "spark_master", "tensorflow", "driver")
 def test_clients_use_multi_master_url(host, masters):
     line = host.check_output("grep '^spark.master ' /etc/trainstack/spark/spark-defaults.conf")
     assert line.split()[1] == "spark://" + ",".join(f"{m}:7077" for m in masters)

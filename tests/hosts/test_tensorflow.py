@@ -15,13 +15,13 @@ def test_tensorflow_importable_at_pinned_version(host):
     assert out.strip().splitlines()[-1] == TENSORFLOW_VERSION
 
 
-@pytest.mark.group("tensorflow")
+@pytest.mark.group("tensorflow", "driver")
 def test_training_package_installed(host):
     assert host.run(f"{VENV}/bin/python -c 'import trainstack_training'").rc == 0
     assert host.run(f"{VENV}/bin/pip show trainstack-training").rc == 0
 
 
-@pytest.mark.group("tensorflow")
+@pytest.mark.group("tensorflow", "driver")
 def test_training_console_script_present(host):
     assert host.file(f"{VENV}/bin/trainstack-train").exists
 
@@ -36,5 +36,9 @@ def test_control_only_nodes_have_tensorflow_only_from_the_shared_image(host):
     probe = "import importlib.util, sys; sys.exit(importlib.util.find_spec('tensorflow') is None)"
     installed = host.run(f'{VENV}/bin/python -c "{probe}"').rc == 0
     # One node image serves every node (one bake); provisioned from nothing, a control-only
-    # node gets no TensorFlow.
-    assert installed == bool(hv.get("trainstack_node_image")), hv.get("trainstack_node_image")
+    # node gets no TensorFlow, except the job drivers' node, which runs what a worker that
+    # submits runs.
+    driver = "driver" in hv.get("group_names", [])
+    assert installed == (bool(hv.get("trainstack_node_image")) or driver), hv.get(
+        "trainstack_node_image"
+    )

@@ -13,7 +13,7 @@ stack usable for the next:
   2  the ALIVE Spark master's container is killed mid-training
   6  a corrupted data set (truncated Parquet, CSV rows with the wrong number of fields)
   5  every container of the stack restarted at once
-  3  the submitting node (worker-1) is down when training is due
+  3  the submitting node (control-3, the job drivers' node) is down when training is due
   4  one SIGINT during training; two SIGINTs during training (the job goes on in its
      container; the next `up` resumes it). Drill 4a, two SIGINTs during provisioning, strikes
      the secret rotation's `up` (test_50_rotation): one rotation serves both, and drill 2
@@ -415,9 +415,11 @@ def test_drill_5_every_container_restarted_at_once(settled, engine):
     )
 
 
-def test_drill_3_submitting_node_down_another_worker_submits(settled, engine):
+def test_drill_3_submitting_node_down_a_worker_submits(settled, engine):
+    """The job drivers' node (control-3, the first of the stack's `jobNodes`) is stopped when
+    training is due: `up` submits from the first worker instead, and the run finishes."""
     stack = settled
-    down = container(engine, stack, "worker-1")
+    down = container(engine, stack, "control-3")
     down.stop(timeout=10)
     try:
         retrain(stack, "drill-3")
@@ -427,18 +429,18 @@ def test_drill_3_submitting_node_down_another_worker_submits(settled, engine):
     finally:
         down.start()
     assert up.returncode == 0, up.stdout[-4000:]
-    assert f"skipped {stack.label}-worker-1: exited" in up.stdout, up.stdout[-3000:]
+    assert f"skipped {stack.label}-control-3: exited" in up.stdout, up.stdout[-3000:]
     result = stack.outputs()["training"]
-    assert result["submitted_on"] == f"{stack.label}-worker-2", result
+    assert result["submitted_on"] == f"{stack.label}-worker-1", result
     assert result["ok"] and result["final_val_accuracy"] >= 0.90, result
     wait_healthy(engine, stack, timeout=300)
     record_drill(
         "3_submitting_node_down",
-        outcome="submitted from worker-2; the run finished on the two live workers",
-        down="worker-1 (container stopped)",
+        outcome="submitted from worker-1; the run finished (ZooKeeper kept its quorum of 2)",
+        down="control-3, the job drivers' node (container stopped)",
         up_s=round(up_s, 1),
         recovery_s=0.0,
-        recovery_is="no wait: `up` picks the first healthy worker itself",
+        recovery_is="no wait: `up` picks the first healthy node of jobNodes itself",
         final_val_accuracy=round(result["final_val_accuracy"], 4),
         lost="nothing",
     )
@@ -526,10 +528,10 @@ def test_drill_9_lost_worker_with_two_jobs_resumes_its_job_leaves_the_other(
     platform, settled, engine
 ):
     """Two one-worker jobs train side by side (`trainstack submit --workers 1`); the container
-    of the worker under one of them is killed (not the submitting node, whose warm runner
-    drives both). That job's barrier stage is retried on the third worker's free slot and
-    resumes from the backup of its last finished epoch; the other job is never retried and
-    keeps training. The killed worker, started again, registers again."""
+    of the worker under one of them is killed (the drivers of both run on the drivers' node,
+    control-3, which a worker's loss leaves alone). That job's barrier stage is retried on the
+    third worker's free slot and resumes from the backup of its last finished epoch; the other
+    job is never retried and keeps training. The killed worker, started again, registers again."""
     stack = settled
     digits = str(EXAMPLES / "digits")
     jobs = []
@@ -548,14 +550,15 @@ def test_drill_9_lost_worker_with_two_jobs_resumes_its_job_leaves_the_other(
             300,
             every=2,
         )
-        # The submitting node (its container's name in the record) runs both jobs' drivers.
+        # The submitting node (its container's name in the record) runs both jobs' drivers:
+        # the drivers' node, not a worker.
         submitting = {record(platform, j)["node"].removeprefix(f"{stack.label}-") for j in jobs}
+        assert submitting == {"control-3"}, submitting
         # A rank's log names its host by address: the worker's container on the stack's network.
         nodes = {ip_of(engine, stack, f"worker-{i}"): f"worker-{i}" for i in range(1, WORKERS + 1)}
         hosts = {j: nodes[rank_hosts(platform, j)[0]] for j in jobs}
         assert len(set(hosts.values())) == 2, hosts  # a slot each, on two workers
-        assert len(submitting) == 1, submitting
-        struck = next(j for j in jobs if hosts[j] not in submitting)
+        struck = jobs[0]
         other = next(j for j in jobs if j != struck)
         node = hosts[struck]
         done_before = len(epoch_rows(engine, stack, run_dirs[struck]))

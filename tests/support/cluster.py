@@ -124,9 +124,9 @@ def create(
             # Nodes reach each other by node name, as on a stack (topology.inventory).
             networking_config={net.name: c.api.create_endpoint_config(aliases=[spec.key])},
             labels={LABEL: name},
-            # As the stack's: the tracking node gets trainstack:trackingMemory on top.
-            mem_limit=parse_size(MEM[spec.group])
-            + (config.tracking_memory_bytes if spec.is_tracking else 0),
+            # As the stack's: the shares of the services a node hosts on top (tracking, object
+            # store, job drivers).
+            mem_limit=parse_size(MEM[spec.group]) + topology.service_memory(config, spec),
             volumes={str(apt_dir): {"bind": "/var/cache/apt/archives", "mode": "rw"}},
         )
         cluster.containers[spec.key] = container

@@ -123,6 +123,10 @@ def test_containers_carry_labels_limits_hostnames_and_network(mocks):
         # objectStoreMemory on the object store's (the same node).
         assert by_host["control-1"]["memory"] == 2048 + 512
         assert by_host["control-2"]["memory"] == 1024
+        # driverMemory and driverCpus on the job drivers' node.
+        assert by_host["control-3"]["memory"] == 1024 + 1024
+        assert float(by_host["control-3"]["cpus"]) == pytest.approx(0.6)
+        assert labels(by_host["control-3"])[LABEL_ROLES] == "zookeeper,driver"
         targets = {m["target"] for m in worker["mounts"]}
         assert {"/srv/trainstack/data", "/srv/trainstack/checkpoints"} <= targets
         assert all(m["type"] == "volume" for m in worker["mounts"])  # no host folders

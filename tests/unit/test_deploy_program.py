@@ -120,7 +120,7 @@ def test_submitter_is_the_first_healthy_worker(monkeypatch, capsys):
     assert (
         "w1: exited" in said and "w2: /opt/trainstack/venv/bin/trainstack-train is missing" in said
     )
-    with pytest.raises(TrainingError, match=r"no worker node can submit the job \(w1: exited\)"):
+    with pytest.raises(TrainingError, match=r"no node can submit the job \(w1: exited\)"):
         _submitter(["w1"])
 
 
@@ -408,9 +408,10 @@ def test_docker_program_outputs(monkeypatch, tmp_path):
         "worker-2",
     ]
     assert out["inventory"]["all"]["vars"]["trainstack_spark_master_url"] == master
+    # The job drivers' node first, then the workers (when it is down).
     assert out["jobNodes"] == [
-        {"name": f"worker-{i}", "transport": "docker", "container": f"trainstack-unit-worker-{i}"}
-        for i in (1, 2)
+        {"name": name, "transport": "docker", "container": f"trainstack-unit-{name}"}
+        for name in ("control-3", "worker-1", "worker-2")
     ]
     settings = training_settings(StackConfig())
     assert out["jobDefaults"] == {

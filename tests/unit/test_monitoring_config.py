@@ -46,7 +46,7 @@ def test_inventory_carries_the_monitoring_settings():
     assert all_vars["trainstack_monitoring_alert_for"] == "30s"
     assert all_vars["trainstack_monitoring_progress_timeout_seconds"] == 300
     assert all_vars["trainstack_pushgateway_url"] == "http://control-1:9091"
-    assert all_vars["trainstack_spark_driver_host"] == "worker-1"
+    assert all_vars["trainstack_spark_driver_host"] == "control-3"  # the drivers' node
 
 
 def test_scaling_workers_changes_only_the_worker_groups():

@@ -16,6 +16,31 @@ def test_default_topology():
     assert all(n.roles == ("spark_worker", "tensorflow") for n in nodes if n.group == "workers")
 
 
+def test_the_job_drivers_node_is_the_last_control_node_with_its_shares():
+    config = StackConfig()
+    nodes = {n.key: n for n in topology.plan(config)}
+    assert [k for k, n in nodes.items() if n.is_driver] == ["control-3"]
+    assert nodes["control-3"].roles == ("zookeeper", "driver")
+    # Its limits: the control node's plus trainstack:driverMemory and driverCpus.
+    assert nodes["control-3"].cpus == pytest.approx(0.6)
+    assert topology.memory_limit(config, nodes["control-3"]) == 2 * 1024**3
+    assert topology.memory_limit(config, nodes["control-2"]) == 1024**3
+    assert topology.memory_limit(config, nodes["worker-1"]) == 2 * 1024**3
+    # Jobs are submitted there first, then on the workers (when it is down).
+    submit = [n.key for n in topology.submit_nodes(list(nodes.values()))]
+    assert submit == ["control-3", "worker-1", "worker-2"]
+    inv = topology.inventory(config, "trainstack-dev", list(nodes.values()))
+    assert set(inv["all"]["children"]["driver"]["hosts"]) == {"control-3"}
+
+
+def test_a_single_control_node_hosts_the_drivers_too():
+    config = StackConfig(control_nodes=1, masters=1, driver_memory="512m")
+    nodes = {n.key: n for n in topology.plan(config)}
+    assert nodes["control-1"].is_driver and nodes["control-1"].is_master
+    # The control node's 1 GiB, tracking's 1 GiB, the object store's 512 MiB, the drivers'.
+    assert topology.memory_limit(config, nodes["control-1"]) == (1024 + 1024 + 512 + 512) * 1024**2
+
+
 def test_master_url_lists_every_master():
     nodes = topology.plan(StackConfig(control_nodes=5, masters=3))
     assert topology.master_url(nodes) == "spark://control-1:7077,control-2:7077,control-3:7077"

@@ -445,7 +445,7 @@ def test_submitter_reports_every_node_with_its_transport_remedy(monkeypatch):
     with pytest.raises(TrainingError) as caught:
         _submitter([FakeNode("a", why="gone"), FakeNode("c", installed=False)])
     said = str(caught.value)
-    assert said.startswith("training job: no worker node can submit the job (a: gone; c: ")
+    assert said.startswith("training job: no node can submit the job (a: gone; c: ")
     assert "trainstack-train is missing (not provisioned)" in said
     assert said.endswith("); fix it and run `pulumi up` again")
 
@@ -457,7 +457,7 @@ def test_submitter_says_docker_start_for_containers():
     with pytest.raises(TrainingError) as caught:
         _submitter([DockerTransport("w1", client)])
     assert str(caught.value) == (
-        "training job: no worker node can submit the job (w1: exited); start one "
+        "training job: no node can submit the job (w1: exited); start one "
         "(`docker start <name>`) and run `pulumi up` again"
     )
 

@@ -303,7 +303,7 @@ class SshCluster(pulumi.ComponentResource):
             }
             for spec in plan
         }
-        self.submit_candidates = [records[s.key] for s in plan if "spark_worker" in s.roles]
+        self.submit_candidates = [records[s.key] for s in topology.submit_nodes(plan)]
         tracker = topology.tracking_node(plan)
         self.tracking_node = records[tracker.key] if tracker else None
         self.register_outputs(
