@@ -11,9 +11,10 @@ node image as `make up` has it), then, side by side in one run:
   ~8 MiB row groups), made here once; its size;
 - `trainstack data put` of it to s3://<bucket>/bench/data/ (wall time, MB/s), and a copy onto
   the shared storage (/srv/trainstack/data/bench/data/, every node sees it);
-- the floor: a plain PySpark application (spark-submit on worker-1 as the job user, with the
-  node's environment) that reads the set, takes every column's min and max in one
-  aggregation and writes it as `repartition(<workers>)` Parquet to the shared storage; its
+- the floor: a plain PySpark application (spark-submit where the job's driver runs, on the
+  first of `jobNodes` (control-3), as the job user, with the node's environment) that reads
+  the set, takes every column's min and max in one aggregation and writes it as
+  `repartition(<workers>)` Parquet to the shared storage; its
   wall time (spark-submit start to exit) and its read + aggregate + write inside it, for
   s3a:// and for file:// ;
 - the data stage: examples/regression submitted with `--data <the set> --epochs 1`, for
@@ -246,6 +247,8 @@ def main() -> None:
             workers = sorted(c for name, c in nodes.items() if name.startswith("worker"))
             control = sorted(c for name, c in nodes.items() if name.startswith("control"))
             master, bucket = outputs["sparkMasterUrl"], outputs["objectStoreBucket"]
+            # The floor's driver where the job's runs: the first of jobNodes (the drivers' node).
+            drivers = outputs["jobNodes"][0]["container"]
             s3a = f"s3a://{bucket}/bench/data/"
 
             # upload, and the copy onto the shared storage
@@ -271,7 +274,7 @@ def main() -> None:
                 ("shared", f"file://{DATA}/", f"{DATA}/"),
             ):
                 out = f"file://{SHARED}/floor-{kind}"
-                f = floor(workers[0], master, floor_src, out, len(workers))
+                f = floor(drivers, master, floor_src, out, len(workers))
                 print(f"floor {kind}: {f}", file=sys.stderr)
                 d = data_stage(stack, control[-1], job_src)
                 print(f"data stage {kind}: {d}", file=sys.stderr)

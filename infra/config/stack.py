@@ -31,8 +31,10 @@ class StackValues:
     """Every key of the `trainstack:` namespace, with its default (`StackConfig` reads them
     from the stack and checks them).
 
-    Defaults fit the whole local stack in 2 cores and 8 GiB: 3 x (0.3 CPU, 1 GiB) control
-    nodes and 2 x (0.55 CPU, 2 GiB) workers.
+    The nodes' own defaults fit 2 cores and 8 GiB: 3 x (0.3 CPU, 1 GiB) control nodes and
+    2 x (0.55 CPU, 2 GiB) workers. The shares of the services some nodes host come on top
+    (tracking 1 GiB, object store 512 MiB, the job drivers 1 GiB and 0.3 CPU): 9.5 GiB and
+    2.3 CPUs of limits in all, which are caps, not reservations.
     """
 
     control_nodes: int = 3

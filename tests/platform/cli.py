@@ -91,16 +91,26 @@ def rank_hosts(platform, job_id: str) -> dict[int, str]:
     return {int(r): host for r, host in RANK_HEADER.findall(out)} if code == 0 else {}
 
 
+def job_nodes(platform) -> list[str]:
+    """The containers of the nodes that run a job's processes: the stack's `jobNodes` (the job
+    drivers' node, where its queue process and driver run, then the workers, where its ranks
+    run)."""
+    found = [n["container"] for n in platform.outputs()["jobNodes"]]
+    assert found, platform.outputs()["jobNodes"]
+    return found
+
+
 def cancel_mid_training(platform, job: Path) -> str:
     """Submit a long run of `job`, cancel it after its first epoch, and check that no process
-    of it is left on any worker node within 30 s and that it is recorded as cancelled; its id.
+    of it is left on any node within 30 s and that it is recorded as cancelled; its id.
 
     What the job runs is recorded first (tests/support/jobs.py, JobWatch): every process of
-    the job user on the workers that was not there before the submit (less a warm runner it
+    the job user on the job nodes (the drivers' node and the workers) that was not there
+    before the submit (less a warm runner it
     may have started, which stays by design), ranks included: one at least on each node that
     the ranks' logs name. After the cancel those very processes (PID and start time) must be
     gone."""
-    watch = JobWatch(sh, workers(platform))
+    watch = JobWatch(sh, job_nodes(platform))
     submitted = trainstack(platform, "submit", str(job), "--epochs", "400")
     job_id = submitted.stdout.strip()
     assert submitted.returncode == 0, submitted.stderr

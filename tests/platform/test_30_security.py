@@ -72,10 +72,13 @@ def test_the_warm_runner_takes_work_only_from_its_nodes_job_user(secured):
     assert code != 0, out
     code, out = sh(container, f"ls {STATE_DIR_PREFIX}*/", user="nobody")
     assert code != 0 and "Permission denied" in out, out
-    # An outsider on the cluster network reaches the node (its Spark worker UI, the control)
-    # but not the gateway.
+    # An outsider on the cluster network reaches the node (the control: a port it serves to
+    # the cluster, its Spark worker UI on a worker, ZooKeeper's client port on the drivers'
+    # node) but not the gateway.
+    roles = next(n["roles"] for n in outputs["nodes"] if n["name"] == name)
+    served = 8081 if "spark_worker" in roles else 2181
     probe = "timeout 5 bash -c 'exec 3<>/dev/tcp/{}/{}' && echo open || echo closed"
-    code, out = outsider(outputs, f"{probe.format(name, 8081)}; {probe.format(name, port)}")
+    code, out = outsider(outputs, f"{probe.format(name, served)}; {probe.format(name, port)}")
     assert [w for w in out.split() if w in ("open", "closed")] == ["open", "closed"], out
 
 

@@ -15,7 +15,7 @@ import pytest
 from tests.support.jobs import JobWatch
 from tests.support.stacks import wait_until
 
-from .cli import EXAMPLES, record, status, trainstack, wait_state, workers
+from .cli import EXAMPLES, job_nodes, record, status, trainstack, wait_state
 from .conftest import MODELS, sh
 
 pytestmark = pytest.mark.e2e
@@ -113,7 +113,7 @@ def test_a_failed_a_stuck_and_a_cancelled_job_leave_the_one_beside_them_training
     stacks = sh(platform.container("control-3"), f"cat {MODELS}/{stuck}/stacks-rank0.txt")[1]
     assert "in wait_forever" in stacks, stacks[:2000]
     # The next job's processes are the new ones: the steady job's run already.
-    watch = JobWatch(sh, workers(platform))
+    watch = JobWatch(sh, job_nodes(platform))
     cancelled = submit(platform, str(EXAMPLES / "digits"), "--workers", "1", "--epochs", "400")
     wait_until(
         "the cancelled job's first epoch", lambda: epochs_done(platform, cancelled) >= 1, 300

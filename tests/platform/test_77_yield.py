@@ -43,8 +43,9 @@ from .conftest import MODELS, epoch_rows, sh
 
 pytestmark = pytest.mark.e2e
 
-# The node that runs the plain applications' drivers: a control node with no master, which no
-# test before this one stops, and which is not where the runner runs (a worker).
+# The node that runs the plain applications' drivers: the job drivers' node (a control node
+# with no master, which no test before this one stops), beside the warm runner's driver, as a
+# user's own application started there would be.
 DRIVER_NODE = "control-3"
 DIGITS = EXAMPLES / "digits"
 WAIT_HOLD = f"{MODELS}/.test-yield-hold"  # the held job's own wait (tests/support/jobs.py)
@@ -89,12 +90,12 @@ def active_app(platform: Any, name: str) -> dict[str, Any] | None:
 
 
 def runner_logs(platform: Any) -> str:
-    """Every worker's warm-runner log (the runner runs on one; its log stays there)."""
+    """The warm-runner log of every node that submits jobs (jobNodes: the drivers' node, then
+    the workers; the runner runs on the one that submitted, and its log stays there)."""
     text = []
-    for node in platform.outputs()["nodes"]:
-        if "spark_worker" in node["roles"]:
-            _, out = sh(node["container"], f"cat {STATE_DIR_PREFIX}*/{RUNNER_LOG} 2>/dev/null")
-            text.append(out)
+    for node in platform.outputs()["jobNodes"]:
+        _, out = sh(node["container"], f"cat {STATE_DIR_PREFIX}*/{RUNNER_LOG} 2>/dev/null")
+        text.append(out)
     return "\n".join(text)
 
 
