@@ -104,10 +104,10 @@ class StackValues:
     # What the object store (about 130 MiB resident idle, more while it takes uploads) adds
     # to its node's limit.
     object_store_memory: str = "512m"
-    # The job drivers' node (the docker target's last control node, docs/jobs.md, "Where a
-    # job's driver runs"): what the queue, each job's `trainstack-train` and the warm runner
-    # (its PySpark driver: about 740 MiB resident with two jobs) add to that node's limits, so
-    # the workers' memory is the executors' and the ranks' alone.
+    # The job drivers' node (the docker target's last control node; docs/jobs.md, "Where the
+    # drivers run"): the memory and CPUs that each job's queue process and `trainstack-train`,
+    # the warm runner (its PySpark driver) and a sweep's driver add to that node's limits, so
+    # that a worker's limits are its executor's and ranks' alone.
     driver_memory: str = "1g"
     driver_cpus: float = 0.3
     # An external S3-compatible endpoint (AWS or another) for s3a:// and the data stage's
