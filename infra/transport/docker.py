@@ -15,6 +15,10 @@ from typing import Any, BinaryIO
 from infra.transport.base import Transport, TransportError, one_line, open_local
 
 
+# Reads of one file before a torn archive (the file changed under the engine) is an error.
+FETCH_ATTEMPTS = 4
+
+
 class EngineClient:
     """A client to the local Docker engine, connected on first use; the docker transports
     made by one `transports_for` share it."""
@@ -147,20 +151,38 @@ class DockerTransport(Transport):
         return int(api.exec_inspect(exec_id)["ExitCode"]), stdout.getvalue()
 
     def fetch(self, path: str) -> bytes:
+        # The engine tars the file as it reads it, after a stat: a file replaced or growing
+        # meanwhile (a job's record, a log) comes back as a torn archive, so read it again.
+        torn = ""
+        for attempt in range(FETCH_ATTEMPTS):
+            if attempt:
+                time.sleep(0.1 * attempt)
+            archive = self._archive(path)
+            try:
+                with tarfile.open(fileobj=io.BytesIO(archive)) as tar:
+                    member = tar.getmember(PurePosixPath(path).name)
+                    extracted = tar.extractfile(member) if member.isfile() else None
+                    if extracted is None:
+                        raise TransportError(
+                            f"{self.name}: cannot read {path} (not a regular file)"
+                        )
+                    return extracted.read()
+            except (tarfile.TarError, KeyError) as exc:
+                torn = one_line(str(exc), 160)
+        raise TransportError(
+            f"{self.name}: cannot read {path} (it changed while being read "
+            f"{FETCH_ATTEMPTS} times: {torn})"
+        )
+
+    def _archive(self, path: str) -> bytes:
         container = self._container()
         try:
             chunks, _ = container.get_archive(path)
-            archive = b"".join(chunks)
+            return b"".join(chunks)
         except Exception as exc:
             raise TransportError(
                 f"{self.name}: cannot read {path} ({one_line(str(exc), 160)})"
             ) from None
-        with tarfile.open(fileobj=io.BytesIO(archive)) as tar:
-            member = tar.getmember(PurePosixPath(path).name)
-            extracted = tar.extractfile(member) if member.isfile() else None
-            if extracted is None:
-                raise TransportError(f"{self.name}: cannot read {path} (not a regular file)")
-            return extracted.read()
 
     def put(self, path: str, data: bytes, mode: int = 0o644, user: str | None = None) -> None:
         target = PurePosixPath(path)

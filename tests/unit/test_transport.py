@@ -355,6 +355,41 @@ def test_docker_transport_on_a_fake_engine():
         DockerTransport("ts-w3", client).run(["true"])
 
 
+class TornContainer(FakeContainer):
+    """Its first `torn` archives stop mid-file, as the engine's do for a file that is
+    replaced or grows while it is tarred."""
+
+    def __init__(self, name: str, torn: int, files: dict) -> None:
+        super().__init__(name, files=files)
+        self.torn, self.reads = torn, 0
+
+    def get_archive(self, path):
+        chunks, stat = super().get_archive(path)
+        self.reads += 1
+        whole = b"".join(chunks)
+        return iter([whole[:600] if self.reads <= self.torn else whole]), stat
+
+
+@pytest.mark.parametrize("torn", [1, 3])
+def test_docker_fetch_reads_a_torn_archive_again(monkeypatch, torn):
+    from infra.transport import docker as docker_transport
+
+    monkeypatch.setattr(docker_transport.time, "sleep", lambda _s: None)
+    box = TornContainer("ts-w1", torn, {"/srv/m/j/record.json": b"{}" * 400})
+    assert DockerTransport("ts-w1", FakeClient(box)).fetch("/srv/m/j/record.json") == b"{}" * 400
+    assert box.reads == torn + 1
+
+
+def test_docker_fetch_of_a_file_torn_every_time_is_one_transport_error(monkeypatch):
+    from infra.transport import docker as docker_transport
+
+    monkeypatch.setattr(docker_transport.time, "sleep", lambda _s: None)
+    box = TornContainer("ts-w1", 99, {"/srv/m/j/out.log": b"x" * 2000})
+    with pytest.raises(TransportError, match=r"ts-w1: cannot read /srv/m/j/out.log \(it changed"):
+        DockerTransport("ts-w1", FakeClient(box)).fetch("/srv/m/j/out.log")
+    assert box.reads == docker_transport.FETCH_ATTEMPTS
+
+
 @pytest.mark.parametrize("size", [0, 1, 512, 513, 3 * 4096 + 7])
 def test_docker_put_file_streams_a_one_member_tar_read_in_chunks(monkeypatch, tmp_path, size):
     from infra.transport import docker as docker_transport
