@@ -14,7 +14,6 @@ from typing import Any, BinaryIO
 
 from infra.transport.base import Transport, TransportError, one_line, open_local
 
-
 # Reads of one file before a torn archive (the file changed under the engine) is an error.
 FETCH_ATTEMPTS = 4
 

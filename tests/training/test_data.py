@@ -57,18 +57,18 @@ def test_prepare_digits_shards_split_normalise(spark: Any, tmp_path: Path) -> No
     assert info.total_rows == 1797 and info.n_features == 64 and len(info.shard_rows) == 2
     assert info.train_rows + info.val_rows == 1797
     assert 0.15 < info.val_rows / 1797 < 0.25
-    x, y = load_arrays(info.shard_dir(0))
+    x, y = load_arrays(info.shard_dir(0), info.scale)
     assert x.shape == (info.shard_rows[0], 64) and x.min() >= 0.0 and x.max() <= 1.0
     assert set(np.unique(y)) <= set(range(10))
     again = prepare(lambda: spark, cfg, tmp_path / "data2")  # seeded: same split, same shards
     assert again.shard_rows == info.shard_rows and again.val_rows == info.val_rows
-    xv1, _ = load_arrays(info.val_dir)
-    xv2, _ = load_arrays(again.val_dir)
+    xv1, _ = load_arrays(info.val_dir, info.scale)
+    xv2, _ = load_arrays(again.val_dir, again.scale)
     assert np.array_equal(np.sort(xv1, axis=0), np.sort(xv2, axis=0))
 
 
-def _sorted_rows(path: str) -> tuple[np.ndarray, np.ndarray]:
-    x, y = load_arrays(path)
+def _sorted_rows(path: str, scale: Any) -> tuple[np.ndarray, np.ndarray]:
+    x, y = load_arrays(path, scale)
     order = np.lexsort(np.column_stack([x, y]).T)
     return x[order], y[order]
 
@@ -95,17 +95,24 @@ def test_every_path_gives_the_same_shards(
         assert other.shard_rows == big.shard_rows and other.val_rows == big.val_rows
         assert other.total_rows == big.total_rows == 1797
         for k in range(3):
-            xs, ys = _sorted_rows(other.shard_dir(k))
-            xb, yb = _sorted_rows(big.shard_dir(k))
+            xs, ys = _sorted_rows(other.shard_dir(k), other.scale)
+            xb, yb = _sorted_rows(big.shard_dir(k), big.scale)
             assert xs.dtype == xb.dtype == np.float32 and np.array_equal(xs, xb)
             assert np.array_equal(ys, yb)
         assert all(
             np.array_equal(a, b)
-            for a, b in zip(_sorted_rows(other.val_dir), _sorted_rows(big.val_dir), strict=True)
+            for a, b in zip(
+                _sorted_rows(other.val_dir, other.scale),
+                _sorted_rows(big.val_dir, big.scale),
+                strict=True,
+            )
         )
     assert set(arrow.phases) >= {"data_source", "data_arrow_read", "data_driver_prepare"}
     assert set(small.phases) >= {"data_source", "data_spark_read", "data_driver_prepare"}
-    assert set(big.phases) >= {"data_spark_stats", "data_spark_write"}
+    # One pass over the set: the write computes the statistics, so no stats job of its own.
+    assert "data_spark_write" in big.phases and "data_spark_stats" not in big.phases
+    assert other.scale == big.scale and len(big.scale or []) == 64
+    assert arrow.feature_bytes == small.feature_bytes == 8  # the short paths: float64
     # The distributed stage's one write leaves the shards and the validation set where the
     # ranks read them, and nothing of the write beside them.
     assert not (tmp_path / "spark" / "_parts").exists()
@@ -181,7 +188,7 @@ def test_a_regressions_float_labels_are_the_same_float32_on_every_path(
         info = infos[path]
         assert (info.path, info.task, info.n_classes) == (path, "regression", 0)
     for k in range(2):
-        shards = [_sorted_rows(info.shard_dir(k)) for info in infos.values()]
+        shards = [_sorted_rows(info.shard_dir(k), info.scale) for info in infos.values()]
         assert all(y.dtype == np.float32 for _, y in shards)
         assert all(np.array_equal(shards[0][1], y) for _, y in shards[1:])
     import pyarrow as pa
@@ -270,6 +277,8 @@ def test_bad_data_fails_with_cause(
     )
     with pytest.raises(DataError, match=pattern):
         prepare(lambda: spark, cfg, tmp_path / "data")
+    # The distributed path checks after its one write: a refused set leaves no shards.
+    assert not [p.name for p in (tmp_path / "data").glob("*")]
 
 
 def test_corrupted_files_fail_naming_file_and_problem(spark: Any, tmp_path: Path) -> None:

@@ -109,6 +109,8 @@ def test_more_steps_than_rows_is_refused(tmp_path: Path) -> None:
 def test_auto_streams_above_a_quarter_of_the_limit() -> None:
     limit = 2 * 1024**3
     rows = int(limit * MEMORY_SHARE) // in_memory_bytes(1, 32)
+    # float64 features as stored: the Arrow table they are read from is twice as large.
+    assert in_memory_bytes(1, 32, 8) - in_memory_bytes(1, 32) == 32 * 4
     assert choose_input("auto", rows, 32, limit).mode == "memory"
     big = choose_input("auto", rows + 1000, 32, limit)
     assert big.mode == "stream" and "of the 2,048 MiB limit" in big.reason, big
@@ -230,3 +232,43 @@ def test_a_datasets_hook_on_a_streaming_rank_is_refused_in_one_sentence(tmp_path
         "shard anyway"
     )
     datasets_in_memory(context(rank_data(tmp_path / "m", "off")), spec)  # in memory: fine
+
+
+def test_a_rank_scales_as_spark_does_in_chunks_of_any_size(monkeypatch) -> None:
+    from trainstack_training.data import scaling
+
+    rng = np.random.default_rng(5)
+    x = rng.normal(3.0, 40.0, (1001, 4))
+    scale = scaling.feature_scale(
+        {"lo0": -7.5, "hi0": 9.25, "lo1": 2.0, "hi1": 2.0, "lo2": None, "hi2": None,
+         "lo3": 0.1, "hi3": 0.3},
+        4,
+    )  # fmt: skip
+    assert scale[1] == [2.0, 1.0] and scale[2] == [0.0, 1.0]  # constant, then all null
+    # Spark's ((cast(x as double) - lo) / span).cast("float"), column by column.
+    spark = np.column_stack(
+        [((x[:, i] - lo) / span).astype(np.float32) for i, (lo, span) in enumerate(scale)]
+    )
+    monkeypatch.setattr(scaling, "SCALE_ROWS", 7)
+    chunked = scaling.apply_scale(x, scale)
+    assert chunked.dtype == np.float32 and np.array_equal(chunked, spark)
+    as_float32 = x.astype(np.float32)
+    assert np.array_equal(
+        scaling.apply_scale(as_float32, scale),
+        scaling.apply_scale(as_float32.astype(np.float64), scale),
+    )
+    with pytest.raises(ValueError, match="4 feature columns, but a scale for 3"):
+        scaling.apply_scale(x, scale[:3])
+
+
+def test_the_stream_and_the_arrays_scale_a_shard_alike(tmp_path: Path) -> None:
+    from trainstack_training.data import load_arrays
+
+    labels = write_shard(tmp_path, 3000, 500)
+    scale = [[0.0, 3.0 * 3000], [1.0, 2.0], [-4.0, 0.5]]
+    x, y = load_arrays(str(tmp_path), scale)
+    raw = (labels[:, None] * FEATURES + np.arange(FEATURES)).astype(np.float64)
+    lo, span = np.array(scale).T
+    assert np.array_equal(y, labels) and np.array_equal(x, ((raw - lo) / span).astype(np.float32))
+    streamed = np.concatenate([b for b, _ in ShardReader(str(tmp_path), scale=scale).batches(256)])
+    assert np.array_equal(streamed, x)

@@ -8,8 +8,9 @@
 - ``stage``: ``prepare``, which picks one of its three paths and runs it;
 - ``arrow``: the "arrow" path's read and split of a small Parquet set, without Spark SQL;
 - ``spark_jobs``: the stage's Spark jobs (the "driver" path's read; the distributed path's
-  statistics pass and its normalised, partitioned write);
-- ``local_prep``: the small sets' statistics, scaling and shard files, in the driver;
+  one partitioned write, which computes the statistics as it goes);
+- ``local_prep``: the small sets' statistics and shard files, in the driver;
+- ``scaling``: each feature's range, and the scaling to [0, 1] a rank applies as it reads;
 - ``checks``: the checks of the statistics and of the shards, the same on every path;
 - ``shards``: ``load_arrays``, a shard read back whole (in a rank);
 - ``stream`` and ``rank``: a rank's data, its shard held in memory or streamed;

@@ -34,6 +34,13 @@ class DataInfo:
     # "classification" (int32 labels in [0, n_classes)) or "regression" (float32 labels):
     # the manifest's task, else inferred from the label column (data/task.py).
     task: str = CLASSIFICATION
+    # Each feature's [low, span] over the training rows: the shards hold the features as
+    # read, and a rank scales them, float32((float64(x) - low) / span) (data/scaling.py).
+    # None: the shards hold them scaled.
+    scale: list[list[float]] | None = None
+    # The bytes of one stored feature value: 4 (float32) or 8 (float64), for the in-memory
+    # estimate of a rank (data/rank.py).
+    feature_bytes: int = 4
 
     @property
     def train_rows(self) -> int:

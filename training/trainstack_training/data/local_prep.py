@@ -1,9 +1,9 @@
-"""The small-set paths' end ("arrow" and "driver"): the checks, statistics, scaling and shard
-files of a set prepared in the driver with numpy and pyarrow, from the Arrow table either path
-reads (the features as double, the label, each row's split and shard).
+"""The small-set paths' end ("arrow" and "driver"): the checks, statistics and shard files of a
+set prepared in the driver with numpy and pyarrow, from the Arrow table either path reads (the
+features as double, the label, each row's split and shard).
 
-The results are the distributed path's, bit for bit: the same split and shards, min/max over
-the training rows, and the same float64 arithmetic cast to float32.
+The results are the distributed path's, bit for bit once a rank scales them: the same split
+and shards, and the same ranges (min/max over the training rows).
 
 Runs in the training driver process (`trainstack-train`), called by `prepare` (stage.py).
 """
@@ -18,6 +18,7 @@ import numpy as np
 
 from trainstack_training.config import CLASSIFICATION, TrainConfig
 from trainstack_training.data.checks import _check_stats
+from trainstack_training.data.scaling import feature_scale
 from trainstack_training.data.stream import row_group_rows
 
 
@@ -29,13 +30,14 @@ def _prepare_in_driver(
     task: str,
     train_dir: Path,
     val_dir: Path,
-) -> tuple[list[int], int]:
-    """The distributed path's checks, statistics, scaling and shard files, on an Arrow table
-    of `_f<i>` (features as double), `_label`, `_val` and `_shard` (computed by Spark).
+) -> tuple[list[int], int, list[list[float]]]:
+    """The distributed path's checks, statistics and shard files, on an Arrow table of
+    `_f<i>` (features as double), `_label`, `_val` and `_shard` (computed by Spark).
 
     Same results as the Spark path: the split and shards come from the same Spark
-    expressions, min/max over the training rows, and the scaling is the same float64
-    arithmetic cast to float32. Returns (rows per shard, validation rows).
+    expressions, and the ranges are the min/max over the training rows, by which a rank
+    scales the features (data/scaling.py). Returns (rows per shard, validation rows, each
+    feature's [low, span]).
     """
     import pyarrow as pa
     import pyarrow.compute as pc
@@ -63,12 +65,14 @@ def _prepare_in_driver(
         stats[f"lo{i}"], stats[f"hi{i}"] = mm["min"].as_py(), mm["max"].as_py()
     _check_stats(stats, cfg, features, task)
 
-    x = np.empty((n, len(features)), dtype=np.float32)
-    for i in range(len(features)):
-        lo, hi = float(stats[f"lo{i}"] or 0.0), float(stats[f"hi{i}"] or 0.0)
-        span = hi - lo if hi > lo else 1.0
-        col = np.asarray(table.column(f"_f{i}").to_numpy(zero_copy_only=False), np.float64)
-        x[:, i] = ((col - lo) / span).astype(np.float32)
+    # The features as read (float64, Spark's cast of them): the ranks scale them by the
+    # ranges (data/scaling.py), as they do the distributed path's.
+    x = np.column_stack(
+        [
+            np.asarray(table.column(f"_f{i}").to_numpy(zero_copy_only=False), np.float64)
+            for i in range(len(features))
+        ]
+    )
     y = np.asarray(label.to_numpy(zero_copy_only=False)).astype(label_dtype(task))
     shard = np.asarray(table.column("_shard").to_numpy(zero_copy_only=False))
 
@@ -76,7 +80,7 @@ def _prepare_in_driver(
         count = int(rows.sum())
         if count:  # like Spark's partitioned write: no directory for an empty shard
             directory.mkdir(parents=True, exist_ok=True)
-            flat = pa.array(x[rows].reshape(-1), type=pa.float32())
+            flat = pa.array(x[rows].reshape(-1), type=pa.float64())
             offsets = pa.array(np.arange(count + 1, dtype=np.int32) * len(features))
             out = pa.table(
                 {
@@ -92,7 +96,7 @@ def _prepare_in_driver(
     for directory in (train_dir, val_dir):
         shutil.rmtree(directory, ignore_errors=True)
     shard_rows = [write(train_dir / f"shard={k}", train & (shard == k)) for k in range(cfg.workers)]
-    return shard_rows, write(val_dir, is_val)
+    return shard_rows, write(val_dir, is_val), feature_scale(stats, len(features))
 
 
 def float_label_stats(label: Any) -> dict[str, Any]:

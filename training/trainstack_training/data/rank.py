@@ -37,10 +37,12 @@ class ShardTooLargeError(Exception):
     Raised in the user's code, it reaches them as their error (job.call_user)."""
 
 
-def in_memory_bytes(rows: int, n_features: int) -> int:
+def in_memory_bytes(rows: int, n_features: int, feature_bytes: int = 4) -> int:
     """What a rank's arrays of `rows` rows take in memory on the in-memory path, copies
-    included (MEMORY_COPIES)."""
-    return rows * (n_features + 1) * 4 * MEMORY_COPIES
+    included (MEMORY_COPIES): the float32 arrays and the framework's copy, and the Arrow
+    table they are read from, whose features are `feature_bytes` each as stored."""
+    table = rows * (n_features * feature_bytes + 4)
+    return rows * (n_features + 1) * 4 * (MEMORY_COPIES - 1) + table
 
 
 @dataclass(frozen=True)
@@ -61,10 +63,12 @@ class InputChoice:
         }
 
 
-def choose_input(setting: str, rows: int, n_features: int, limit: int) -> InputChoice:
+def choose_input(
+    setting: str, rows: int, n_features: int, limit: int, feature_bytes: int = 4
+) -> InputChoice:
     """The rule: `setting` "on" streams, "off" holds the arrays; "auto" streams when the
     in-memory estimate is above MEMORY_SHARE of `limit` (0: unknown, then in memory)."""
-    needed = in_memory_bytes(rows, n_features)
+    needed = in_memory_bytes(rows, n_features, feature_bytes)
     budget = int(limit * MEMORY_SHARE)
     if setting == "on":
         return InputChoice("stream", "data_stream=on", needed, limit)
@@ -114,7 +118,7 @@ class RankData:
     ) -> RankData:
         rows = info.shard_rows[rank] + info.val_rows
         limit = cgroup_of(os.getpid()).limit_bytes if limit is None else limit
-        choice = choose_input(setting, rows, info.n_features, limit)
+        choice = choose_input(setting, rows, info.n_features, limit, info.feature_bytes)
         return cls(info, rank, seed, batch_size, steps_per_epoch, choice)
 
     def open(self) -> None:
@@ -148,7 +152,7 @@ class RankData:
                 "to hold it anyway"
             )
         if part not in self._arrays:
-            self._arrays[part] = load_arrays(self._where(part))
+            self._arrays[part] = load_arrays(self._where(part), self.info.scale)
         return self._arrays[part]
 
     def labels(self, part: str) -> np.ndarray:
@@ -163,7 +167,7 @@ class RankData:
 
     def reader(self, part: str) -> ShardReader:
         if part not in self._readers:
-            self._readers[part] = ShardReader(self._where(part))
+            self._readers[part] = ShardReader(self._where(part), scale=self.info.scale)
         return self._readers[part]
 
     def batches(self, epoch: int, batch: int | None = None) -> Iterator[tuple[Any, Any]]:

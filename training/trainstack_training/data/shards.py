@@ -7,6 +7,7 @@ driver: the data stage only writes the shards.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from pathlib import Path
 
 import numpy as np
@@ -15,10 +16,13 @@ from trainstack_training.data.info import DataError
 from trainstack_training.data.stream import unit_arrays
 
 
-def load_arrays(path: str) -> tuple[np.ndarray, np.ndarray]:
+def load_arrays(
+    path: str, scale: Sequence[Sequence[float]] | None = None
+) -> tuple[np.ndarray, np.ndarray]:
     """Read a shard written by prepare() into (features float32 [n, d], labels [n]): int32
-    class indices for a classification, float32 targets for a regression. The whole shard in
-    memory: a rank whose shard does not fit streams it (data/stream.py)."""
+    class indices for a classification, float32 targets for a regression. The features
+    scaled by `scale` (DataInfo.scale), else as stored. The whole shard in memory: a rank
+    whose shard does not fit streams it (data/stream.py)."""
     import pyarrow as pa
     import pyarrow.parquet as pq
 
@@ -26,4 +30,4 @@ def load_arrays(path: str) -> tuple[np.ndarray, np.ndarray]:
     table = pq.read_table(files, columns=["features", "label"]) if files else None
     if table is None or table.num_rows == 0:
         raise DataError(f"shard {path!r} has no rows")
-    return unit_arrays(table, pa)
+    return unit_arrays(table, pa, scale)

@@ -1,9 +1,9 @@
 """The data stage's Spark jobs: the schema check of a set Spark reads and its size estimate,
 the "driver" path's one job (the set's columns, split and shard as an Arrow table), and the
-distributed path's two: one aggregation pass (the row counts, the label's checks, each
-feature's nulls and range over the training rows) and the one write of the normalised
-features, partitioned by shard (the validation rows a partition of their own). A job's
-failure to read the set is one sentence here.
+distributed path's one: the write of the features as read, partitioned by shard (the
+validation rows a partition of their own), whose pass also computes the statistics (the row
+counts, the label's checks, each feature's nulls and range over the training rows) as
+observed metrics. A job's failure to read the set is one sentence here.
 
 Runs in the training driver process (`trainstack-train`), called by `prepare` (stage.py): it
 builds the jobs, and Spark's executors run them.
@@ -94,8 +94,9 @@ def _stats_columns(
     features: list[str],
     label_integral: bool,
 ) -> list[Any]:
-    """The aggregations of the data stage's one pass over the data: the row counts, the
-    label's checks, and each feature's nulls and its range over the training rows."""
+    """The aggregations of the data stage's one pass over the data, observed as it writes
+    (`_write_shards`): the row counts, the label's checks, and each feature's nulls and its
+    range over the training rows."""
     aggs = [
         F.count(F.lit(1)).alias("rows"),
         F.sum(train.cast("long")).alias("train_rows"),
@@ -120,45 +121,66 @@ def _stats_columns(
     return aggs
 
 
-def _write_normalised(
+def _feature_type(df: DataFrame, features: list[str]) -> str:
+    """The element type the shards hold the features in, as read: "float" where every
+    feature column is one that float32 holds exactly (float, byte, short), else "double".
+    Either way a rank's float64 of a value is Spark's `cast("double")` of it."""
+    from pyspark.sql.types import ByteType, FloatType, ShortType
+
+    types = {f.name: f.dataType for f in df.schema.fields}
+    exact = all(isinstance(types[c], FloatType | ByteType | ShortType) for c in features)
+    return "float" if exact else "double"
+
+
+def _write_shards(
     F: Any,  # noqa: N803 (pyspark.sql.functions)
     df: Any,
     cfg: TrainConfig,
     features: list[str],
-    stats: dict[str, Any],
+    aggs: list[Any],
     columns: tuple[Any, Any, str],
     dirs: tuple[Path, Path],
-) -> tuple[list[int], int]:
-    """Write the features scaled to [0, 1] by the training rows' ranges and the label: the
-    training rows partitioned by shard under `train_dir`, the validation rows in `val_dir`;
-    return the rows of each shard and of the validation set."""
+    uri: str,
+    element: str,
+) -> tuple[dict[str, Any], list[int], int]:
+    """The distributed path's one pass over the set: write the features as read (as
+    `element`, `_feature_type`) and the label, the training rows partitioned by shard under
+    `train_dir` and the validation rows in `val_dir`, while the same pass computes `aggs` (the
+    statistics: counts, the label's checks, each feature's nulls and range;
+    `_stats_columns`) as observed metrics. Return (statistics, rows of each shard, validation
+    rows). The ranks scale the features by the ranges (data/scaling.py) as they read them.
+
+    A read or write failure is one sentence (`_read_failure`), and leaves no shards."""
+    from pyspark.sql import Observation
+
     (label, shard, task), (train_dir, val_dir) = columns, dirs
-    norm = []
-    for i, c in enumerate(features):
-        lo, hi = float(stats[f"lo{i}"] or 0.0), float(stats[f"hi{i}"] or 0.0)
-        span = hi - lo if hi > lo else 1.0  # constant feature -> 0, not a division by zero
-        norm.append(((F.col(c).cast("double") - lo) / span).cast("float"))
-    out = df.select(
-        F.array(*norm).alias("features"),
+    observed = Observation("trainstack_data_stats")
+    out = df.observe(observed, *aggs).select(
+        F.array(*[F.col(c).cast(element) for c in features]).alias("features"),
         label.cast("int" if task == CLASSIFICATION else "float").alias("label"),
         # The validation rows' partition, else the row's shard (computed for training rows
         # only: Spark evaluates `otherwise` only where `when` is false).
         F.when(F.col("_val"), F.lit(VAL_PARTITION)).otherwise(shard.cast("int")).alias("shard"),
     )
-    # One write, the second and last pass over the set: the validation rows are a partition
-    # of their own beside the shards, and the directories are then moved where the ranks read
-    # them. Row groups of about ROW_GROUP_BYTES (Parquet's block size, compressed: a bound),
-    # the unit a streaming rank reads (data/stream.py).
+    # One write, the one pass over the set: the validation rows are a partition of their
+    # own beside the shards, and the directories are then moved where the ranks read them.
+    # Row groups of about ROW_GROUP_BYTES (Parquet's block size, compressed: a bound), the
+    # unit a streaming rank reads (data/stream.py).
     parts = train_dir.parent / "_parts"
-    (
-        out.write.mode("overwrite")
-        .option("parquet.block.size", str(ROW_GROUP_BYTES))
-        .partitionBy("shard")
-        .parquet(_spark_uri(parts))
-    )
+    try:
+        (
+            out.write.mode("overwrite")
+            .option("parquet.block.size", str(ROW_GROUP_BYTES))
+            .partitionBy("shard")
+            .parquet(_spark_uri(parts))
+        )
+        stats = dict(observed.get)
+    except Exception as exc:  # e.g. a path that vanished, unreadable files, a full disk
+        shutil.rmtree(parts, ignore_errors=True)
+        raise _read_failure(uri, exc) from None
     _move_partitions(parts, cfg.workers, train_dir, val_dir)
     shard_rows = [_parquet_rows(train_dir / f"shard={k}") for k in range(cfg.workers)]
-    return shard_rows, _parquet_rows(val_dir)
+    return stats, shard_rows, _parquet_rows(val_dir)
 
 
 def _move_partitions(parts: Path, workers: int, train_dir: Path, val_dir: Path) -> None:

@@ -11,8 +11,9 @@ The labels are int32 class indices for a classification and float32 values for a
 
 This module picks the path and runs it; the paths' parts are modules of their own: arrow.py
 (the "arrow" path's read and split, without Spark SQL), spark_jobs.py (the Spark jobs: the
-"driver" path's read, the distributed path's statistics pass and partitioned write),
-local_prep.py (the small sets' statistics, scaling and shard files in the driver) and
+"driver" path's read, the distributed path's one partitioned write, which computes the
+statistics as it goes), local_prep.py (the small sets' statistics and shard files in the
+driver), scaling.py (the features' ranges, by which a rank scales them as it reads) and
 checks.py (the checks of every path). A rank reads its shard back with shards.py or stream.py.
 
 Runs in the training driver process (`trainstack-train`), before the job's ranks start.
@@ -20,6 +21,7 @@ Runs in the training driver process (`trainstack-train`), before the job's ranks
 
 from __future__ import annotations
 
+import shutil
 import time
 from collections.abc import Callable, Mapping
 from pathlib import Path
@@ -35,8 +37,9 @@ from trainstack_training.data.arrow import (
     arrow_store,
 )
 from trainstack_training.data.checks import _check_shards, _check_stats
-from trainstack_training.data.info import DataInfo
+from trainstack_training.data.info import DataError, DataInfo
 from trainstack_training.data.local_prep import _prepare_in_driver
+from trainstack_training.data.scaling import feature_scale
 from trainstack_training.data.sources import (
     _is_local,
     _local_path,
@@ -51,9 +54,9 @@ from trainstack_training.data.spark_jobs import (
     _check_schema,
     _collect,
     _estimated_bytes,
-    _read_failure,
+    _feature_type,
     _stats_columns,
-    _write_normalised,
+    _write_shards,
 )
 from trainstack_training.data.task import infer_task
 
@@ -141,24 +144,24 @@ def prepare(
         before_distributed()
     df = df.withColumn("_val", is_val)
     train = ~F.col("_val")
-    # One pass computes the checks and the normalisation statistics (from training rows only).
+    # One pass: the write of the shards computes the checks and the ranges (from training
+    # rows only) as it goes; the checks fail after it, and then no shard is left.
     aggs = _stats_columns(F, label, train, features, label_integral)
     mark = time.perf_counter()
-    try:
-        stats = df.agg(*aggs).collect()[0].asDict()
-    except Exception as exc:  # e.g. a path that vanished or unreadable files
-        raise _read_failure(uri, exc) from None
-    phases["data_spark_stats"] = time.perf_counter() - mark
-    _check_stats(stats, cfg, features, task)
-
-    mark = time.perf_counter()
-    shard_rows, val_rows = _write_normalised(
-        F, df, cfg, features, stats, (label, shard, task), (train_dir, val_dir)
+    element = _feature_type(df, features)
+    stats, shard_rows, val_rows = _write_shards(
+        F, df, cfg, features, aggs, (label, shard, task), (train_dir, val_dir), uri, element
     )
     phases["data_spark_write"] = time.perf_counter() - mark
+    try:
+        _check_stats(stats, cfg, features, task)
+    except DataError:
+        for written in (train_dir, val_dir):
+            shutil.rmtree(written, ignore_errors=True)
+        raise
     return _finish(
         cfg, features, train_dir, val_dir, shard_rows, val_rows, int(stats["rows"]), start,
-        "spark", phases, task,
+        "spark", phases, task, feature_scale(stats, len(features)), 4 if element == "float" else 8,
     )  # fmt: skip
 
 
@@ -188,7 +191,7 @@ def _prepare_small(
 ) -> DataInfo:
     """The small-set paths' end: checks, scaling and shard files in the driver."""
     mark = time.perf_counter()
-    shard_rows, val_rows = _prepare_in_driver(
+    shard_rows, val_rows, scale = _prepare_in_driver(
         table, cfg, features, label_integral, task, train_dir, val_dir
     )
     phases["data_driver_prepare"] = time.perf_counter() - mark
@@ -204,6 +207,8 @@ def _prepare_small(
         path,
         phases,
         task,
+        scale,
+        8,  # the short paths write the features as float64
     )
 
 
@@ -219,6 +224,8 @@ def _finish(
     path: str,
     phases: dict[str, float],
     task: str,
+    scale: list[list[float]],
+    feature_bytes: int,
 ) -> DataInfo:
     """The data stage's result, either path, once its shards are checked."""
     info = DataInfo(
@@ -234,6 +241,8 @@ def _finish(
         path=path,
         phases=phases,
         task=task,
+        scale=scale,
+        feature_bytes=feature_bytes,
     )
     _check_shards(info, cfg)
     return info

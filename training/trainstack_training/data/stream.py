@@ -1,7 +1,8 @@
 """A rank's reader of a shard (or of the validation set) that the data stage wrote: record
 batches of bounded size, read ahead in a background thread, never the whole shard at once.
 
-A shard is a directory of Parquet files with a ``features`` list column and a ``label``
+A shard is a directory of Parquet files with a ``features`` list column (the features as
+read; the reader scales them by the data stage's ranges, data/scaling.py) and a ``label``
 column (data/stage.py). Its unit of reading is the row group: the data stage writes row
 groups of about ``ROW_GROUP_BYTES`` (``row_group_rows``), so a rank holds at most
 ``read_ahead + 1`` row groups and one batch at a time, whatever the shard's size.
@@ -22,7 +23,7 @@ from __future__ import annotations
 
 import time
 from collections import deque
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
@@ -31,6 +32,7 @@ from typing import Any
 import numpy as np
 
 from trainstack_training.data.info import DataError
+from trainstack_training.data.scaling import apply_scale
 
 ROW_GROUP_BYTES = 8 * 1024**2  # a shard's row group, as the data stage writes it
 READ_AHEAD = 2  # row groups read ahead of the one being consumed
@@ -54,11 +56,17 @@ class Unit:
 class ShardReader:
     """Batches of one shard directory (`path`), read a row group at a time."""
 
-    def __init__(self, path: str, *, read_ahead: int = READ_AHEAD) -> None:
+    def __init__(
+        self,
+        path: str,
+        *,
+        read_ahead: int = READ_AHEAD,
+        scale: Sequence[Sequence[float]] | None = None,
+    ) -> None:
         import pyarrow.parquet as pq
 
         files = sorted(Path(path).glob("*.parquet"))
-        self.path, self.read_ahead = path, max(0, read_ahead)
+        self.path, self.read_ahead, self.scale = path, max(0, read_ahead), scale
         self.units: list[Unit] = []
         for f in files:
             meta = pq.ParquetFile(f).metadata
@@ -77,7 +85,7 @@ class ShardReader:
         import pyarrow.parquet as pq
 
         table = pq.ParquetFile(unit.file).read_row_group(unit.index, columns=["features", "label"])
-        return unit_arrays(table, pa)
+        return unit_arrays(table, pa, self.scale)
 
     def _stream(self, units: list[Unit]) -> Iterator[tuple[np.ndarray, np.ndarray]]:
         """The arrays of `units` in that order, `read_ahead` row groups ahead in a thread."""
@@ -178,19 +186,22 @@ def column_values(array: Any) -> np.ndarray:
     return np.frombuffer(array.buffers()[1], kind, len(array), array.offset * size)
 
 
-def unit_arrays(table: Any, pa: Any) -> tuple[np.ndarray, np.ndarray]:
+def unit_arrays(
+    table: Any, pa: Any, scale: Sequence[Sequence[float]] | None = None
+) -> tuple[np.ndarray, np.ndarray]:
     """A table of the shard's columns as (features float32 [n, d], labels [n]): int32 class
-    indices, or float32 regression targets. Read-only where they are views of Arrow's
-    buffers."""
+    indices, or float32 regression targets. The features scaled by `scale` (the data stage's
+    ranges, DataInfo.scale; data/scaling.py), else as stored. Read-only where they are views
+    of Arrow's buffers."""
     feats = table.column("features").combine_chunks()
     if len(feats) == 0:
         return np.empty((0, 0), np.float32), np.empty(0, np.int32)
     width = len(feats[0])
-    x = column_values(feats.flatten()).astype(np.float32, copy=False)
+    x = apply_scale(column_values(feats.flatten()).reshape(-1, width), scale)
     floats = pa.types.is_floating(table.schema.field("label").type)
     labels = column_values(table.column("label").combine_chunks())
     y = labels.astype(np.float32 if floats else np.int32, copy=False)
-    return x.reshape(-1, width), y
+    return x, y
 
 
 def read_labels(path: str) -> np.ndarray:
