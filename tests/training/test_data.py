@@ -246,6 +246,11 @@ def _digits_df(n: int = 300) -> pd.DataFrame:
         (lambda d: d.iloc[:0], {}, r"is empty \(0 rows\)"),
         (lambda d: d.iloc[:3], {"workers": 8}, r"fewer than workers=8"),
         (lambda d: d.assign(f1="x"), {}, r"must be numeric; not numeric: \['f1 \(string\)'\]"),
+        (
+            lambda d: d.assign(f2=d["f2"].where(d.index % 50 != 3)),  # 6 nulls in f2
+            {},
+            r"^feature columns have null values \{'f2': 6\}; clean or drop them first$",
+        ),
     ],
     ids=[
         "missing-label",
@@ -257,6 +262,7 @@ def _digits_df(n: int = 300) -> pd.DataFrame:
         "empty",
         "fewer-rows-than-workers",
         "text-feature",
+        "null-feature",
     ],
 )
 def test_bad_data_fails_with_cause(

@@ -96,7 +96,7 @@ def _stats_columns(
 ) -> list[Any]:
     """The aggregations of the data stage's one pass over the data, observed as it writes
     (`_write_shards`): the row counts, the label's checks, and each feature's nulls and its
-    range over the training rows."""
+    range over the training rows (the null features' count only: `null_feature_counts`)."""
     aggs = [
         F.count(F.lit(1)).alias("rows"),
         F.sum(train.cast("long")).alias("train_rows"),
@@ -111,14 +111,36 @@ def _stats_columns(
         fractional = ~nonfinite & (label != F.floor(label))
         aggs.append(F.sum(fractional.cast("long")).alias("frac_labels"))
         aggs.append(F.first(F.when(fractional, label), ignorenulls=True).alias("frac_example"))
+    # One count of the rows with a null feature, not one per feature: a set that has any pays
+    # for the per-feature counts that name them (`null_feature_counts`), a clean one does not.
+    any_null = F.lit(False)
+    for c in features:
+        any_null = any_null | F.col(c).isNull()
+    aggs.append(F.sum(any_null.cast("long")).alias("null_feature_rows"))
     for i, c in enumerate(features):
         col = F.col(c).cast("double")
         aggs += [
-            F.sum(col.isNull().cast("long")).alias(f"n{i}"),
             F.min(F.when(train, col)).alias(f"lo{i}"),
             F.max(F.when(train, col)).alias(f"hi{i}"),
         ]
     return aggs
+
+
+def null_feature_counts(
+    F: Any,  # noqa: N803 (pyspark.sql.functions)
+    df: Any,
+    features: list[str],
+    uri: str,
+) -> dict[str, int]:
+    """Each feature's null count (`n<i>`, as the checks take them): one more pass over the
+    set, run only when the data stage's pass counted rows with a null feature."""
+    try:
+        row = df.agg(
+            *[F.sum(F.col(c).isNull().cast("long")).alias(f"n{i}") for i, c in enumerate(features)]
+        ).collect()[0]
+    except Exception as exc:  # the set changed or vanished since the write read it
+        raise _read_failure(uri, exc) from None
+    return {key: int(value or 0) for key, value in row.asDict().items()}
 
 
 def _feature_type(df: DataFrame, features: list[str]) -> str:
