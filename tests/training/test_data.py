@@ -119,6 +119,40 @@ def test_every_path_gives_the_same_shards(
     assert sorted(p.name for p in Path(big.train_dir).iterdir()) == [f"shard={k}" for k in range(3)]
 
 
+def test_a_flat_parquet_sets_schema_is_spark_s_own_without_its_job(
+    spark: Any, tmp_path: Path
+) -> None:
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+    from trainstack_training.data.arrow import arrow_store, spark_schema
+
+    table = pa.table(
+        {
+            "i8": pa.array([1, 2], pa.int8()), "i16": pa.array([1, 2], pa.int16()),
+            "i32": pa.array([1, None], pa.int32()), "i64": pa.array([1, 2], pa.int64()),
+            "f": pa.array([0.5, 1.5], pa.float32()), "d": pa.array([0.5, None], pa.float64()),
+            "b": pa.array([True, False]), "s": pa.array(["a", "b"]),
+        }
+    )  # fmt: skip
+    flat = tmp_path / "flat"
+    flat.mkdir()
+    for k in range(2):
+        pq.write_table(table, flat / f"part-{k}.parquet")
+    for where in (flat, flat / "part-0.parquet"):
+        store = arrow_store(str(where), {})
+        assert store is not None
+        assert spark_schema(store, "parquet") == spark.read.parquet(str(where)).schema
+    # Where Spark must infer it: a type outside the map, partition directories, a CSV.
+    odd = tmp_path / "odd.parquet"
+    pq.write_table(pa.table({"u": pa.array([1], pa.uint32())}), odd)
+    nested = tmp_path / "nested" / "k=1"
+    nested.mkdir(parents=True)
+    pq.write_table(table, nested / "part-0.parquet")
+    for where in (odd, nested.parent):
+        assert spark_schema(arrow_store(str(where), {}), "parquet") is None  # type: ignore[arg-type]
+    assert spark_schema(arrow_store(str(flat), {}), "csv") is None  # type: ignore[arg-type]
+
+
 def test_the_arrow_path_never_starts_spark_sql(tmp_path: Path) -> None:
     def no_session() -> Any:
         raise AssertionError("the arrow path asked for a Spark session")

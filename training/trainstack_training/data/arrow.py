@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -68,26 +68,66 @@ def active_spark_conf() -> dict[str, str]:
 
 
 def _small_parquet_files(store: Store, fmt: str, cfg: TrainConfig) -> list[str] | None:
-    """The files of a Parquet set small enough for the "arrow" path (a file, or a directory
-    of `.parquet` files with no subdirectories, whose partition columns only Spark would add),
-    up to local_prep_mb in all; None for any other set."""
-    from pyarrow import fs as pafs
-
+    """The files of a Parquet set small enough for the "arrow" path (a flat set,
+    `_flat_parquet_files`), up to local_prep_mb in all; None for any other set."""
     if not cfg.local_prep_mb or fmt != "parquet":
         return None
-    top = store.fs.get_file_info(store.path)
-    if top.type == pafs.FileType.File:
-        entries = [top]
-    else:
-        listed = store.fs.get_file_info(pafs.FileSelector(store.path))
-        entries = [e for e in listed if not e.base_name.startswith(("_", "."))]
-        if not entries or any(
-            e.type != pafs.FileType.File or e.extension != "parquet" for e in entries
-        ):
-            return None
-    if sum(e.size or 0 for e in entries) > cfg.local_prep_mb * 1024**2:
+    entries = _flat_parquet_files(store)
+    if entries is None or sum(e.size or 0 for e in entries) > cfg.local_prep_mb * 1024**2:
         return None
     return sorted(e.path for e in entries)
+
+
+def _flat_parquet_files(store: Store) -> list[pafs.FileInfo] | None:
+    """The files of a flat Parquet set: a file, or a directory of `.parquet` files with no
+    subdirectories (whose partition columns only Spark would add); None for any other set."""
+    from pyarrow import fs as pafs
+
+    top = store.fs.get_file_info(store.path)
+    if top.type == pafs.FileType.File:
+        return [top]
+    if top.type != pafs.FileType.Directory:  # gone: Spark's read names it
+        return None
+    listed = store.fs.get_file_info(pafs.FileSelector(store.path))
+    entries = [e for e in listed if not e.base_name.startswith(("_", "."))]
+    if not entries or any(
+        e.type != pafs.FileType.File or e.extension != "parquet" for e in entries
+    ):
+        return None
+    return entries
+
+
+# Arrow's types whose Spark type is the one Spark's own Parquet schema inference gives them.
+SPARK_TYPES = {
+    "bool": "BooleanType", "int8": "ByteType", "int16": "ShortType", "int32": "IntegerType",
+    "int64": "LongType", "float": "FloatType", "double": "DoubleType", "string": "StringType",
+}  # fmt: skip
+
+
+def spark_schema(store: Store, fmt: str) -> Any:
+    """The Spark schema of a flat Parquet set (`_flat_parquet_files`), from its first file's
+    footer, read by pyarrow, as Spark's own inference reads one footer: given it, Spark reads
+    the set without a schema job of its own (a job on the executors, seconds on the default
+    stack). None where Spark must infer it: another format or layout, a column of a type
+    outside SPARK_TYPES, duplicate names. Every field is nullable, as Spark makes those of
+    a file source."""
+    from pyspark.sql import types as spark_types
+
+    if fmt != "parquet":
+        return None
+    entries = _flat_parquet_files(store)
+    if not entries:
+        return None
+    schema = parquet_schema(store.fs, sorted(e.path for e in entries)[0])
+    names = [f.name for f in schema]
+    if len(set(names)) != len(names) or any(str(f.type) not in SPARK_TYPES for f in schema):
+        return None
+    return spark_types.StructType(
+        [
+            spark_types.StructField(f.name, getattr(spark_types, SPARK_TYPES[str(f.type)])(), True)
+            for f in schema
+        ]
+    )
 
 
 def _arrow_readable(

@@ -408,14 +408,16 @@ def check_files(path: Path, fmt: str) -> None:
                     )
 
 
-def read_source(spark: SparkSession, uri: str, fmt: str) -> DataFrame:
+def read_source(spark: SparkSession, uri: str, fmt: str, schema: Any = None) -> DataFrame:
+    """The data set as Spark reads it; with `schema` (a Parquet set's, read by pyarrow:
+    arrow.spark_schema) without Spark's own schema job."""
     from py4j.protocol import Py4JJavaError
     from pyspark.errors import AnalysisException, IllegalArgumentException
 
     try:
         if fmt == "csv":
             return spark.read.option("header", True).option("inferSchema", True).csv(uri)
-        return spark.read.parquet(uri)
+        return (spark.read if schema is None else spark.read.schema(schema)).parquet(uri)
     except (AnalysisException, IllegalArgumentException) as exc:  # e.g. PATH_NOT_FOUND
         text = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
         error = storage_error(uri, text, _endpoint(spark))

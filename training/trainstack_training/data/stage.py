@@ -35,6 +35,7 @@ from trainstack_training.data.arrow import (
     _small_parquet_files,
     active_spark_conf,
     arrow_store,
+    spark_schema,
 )
 from trainstack_training.data.checks import _check_shards, _check_stats
 from trainstack_training.data.info import DataError, DataInfo
@@ -108,7 +109,11 @@ def prepare(
     from pyspark.sql import functions as F  # noqa: N812 (the PySpark idiom)
 
     mark = time.perf_counter()
-    df = read_source(session(), uri, fmt)
+    try:
+        schema = spark_schema(store, fmt) if store else None
+    except OSError as exc:  # the store failed between the check and the read
+        raise _store_failure(uri, exc, store.endpoint if store else "") from None
+    df = read_source(session(), uri, fmt, schema)
     features, label_integral = _check_schema(df, cfg)
     task = infer_task(cfg.task, label_integral)
     size = _estimated_bytes(df)
