@@ -8,7 +8,8 @@ location (under the fresh HOME) is empty, and the node image of this tree is rem
 
 The one difference from a user's shell is the stack's name: `STACK=newcomer-<6 hex>` in the
 environment (the Makefile's `STACK ?= dev`), so that a developer's own `dev` stack on the same
-engine neither blocks the test nor is touched by it, and a run killed half-way leaves objects
+engine is not touched by it (a stack of its own on the default ports is named before the
+test starts: the newcomer's stack needs those ports), and a run killed half-way leaves objects
 that `make clean-test-stacks` recognises as a test's (`tests/support/leftovers.py`).
 """
 
@@ -63,9 +64,33 @@ def run(args: list[str], cwd: Path, env: dict[str, str], log: Path, timeout: int
     return proc.returncode, text
 
 
+# The host ports a stack of the README's defaults publishes (uiPortBase 18080: three masters'
+# UIs, Prometheus at +1010, MLflow at +1020, the object store at +1030; docs/config.md).
+DEFAULT_PORTS = (18080, 18081, 18082, 19090, 19100, 19110)
+
+
+def held_default_ports(engine) -> dict[int, str]:
+    """The default ports that a running container already publishes, with its name."""
+    held: dict[int, str] = {}
+    for container in engine.containers.list():
+        for bindings in (container.attrs["NetworkSettings"]["Ports"] or {}).values():
+            for binding in bindings or []:
+                if int(binding["HostPort"]) in DEFAULT_PORTS:
+                    held[int(binding["HostPort"])] = container.name
+    return held
+
+
 @pytest.fixture(scope="module")
 def clone(tmp_path_factory, engine):
     stack = f"newcomer-{uuid.uuid4().hex[:6]}"  # the README's default is "dev"
+    # A newcomer's stack takes the default ports: another stack on them (a developer's `dev`
+    # left up) would fail its `make up` with the engine's "port is already allocated".
+    held = held_default_ports(engine)
+    if held:
+        pytest.fail(
+            f"the README's default ports are held by running containers {held}: the newcomer's "
+            "`make up` needs them; remove that stack (`make destroy STACK=<its stack>`) first"
+        )
     # A new machine has no node image either: remove this tree's tag (no container of the
     # tests uses it between modules), so `make up` bakes it as a newcomer's would.
     from infra.images.bake import current_digest, image_tag
