@@ -260,7 +260,8 @@ class Driver:
             self.say(f"trial {number} epoch {epoch}: {self.spec.metric}={_short(value)}")
             # Its last epoch is never stopped: the trial has done its work (its value counts).
             last = epoch >= int(record.get("epochs") or 0) > 0
-            if state not in FINAL_STATES and not last and trial.should_prune():
+            stoppable = state not in FINAL_STATES and not last and not job.stopping
+            if stoppable and trial.should_prune():  # said once: its stop takes a few epochs
                 self.say(f"trial {number} pruned at epoch {epoch} (it lags the others)")
                 job.stop("pruned")
         job.reap()
