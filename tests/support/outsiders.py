@@ -181,10 +181,14 @@ def zk_cli(outputs: dict, command: str, jaas: str | None = None) -> str:
     )
 
 
+# A watcher's event as zkCli prints it: from another thread, so it may land after the listing
+# or even inside it ("[leader_election" / the event / ", master_status]", CI 2026-12-07).
+ZK_WATCHER_EVENT = re.compile(r"\n?WATCHER::\s*\n\s*WatchedEvent [^\n]*\n?")
+
+
 def zk_listing(log: str) -> str:
-    """The children `ls` printed. The client prints its watcher's events too, and the
-    SaslAuthenticated event may come after the listing, so it is not always the last line."""
-    lines = [line.strip() for line in log.splitlines()]
+    """The children `ls` printed, the watcher's events taken out of it (ZK_WATCHER_EVENT)."""
+    lines = [line.strip() for line in ZK_WATCHER_EVENT.sub("", log).splitlines()]
     return next(
         (line for line in reversed(lines) if line.startswith("[") and line.endswith("]")), ""
     )
