@@ -23,6 +23,8 @@ from trainstack_training.data.rank import (
 from trainstack_training.data.stream import ShardReader
 from trainstack_training.manifest import JobSpec
 
+pytestmark = pytest.mark.unit
+
 FEATURES = 3
 
 
@@ -98,6 +100,60 @@ def test_the_reader_holds_only_the_read_ahead(tmp_path: Path) -> None:
     assert Counting.reads <= 3, Counting.reads  # the row group in use and two ahead
     it.close()  # an epoch's end: pending reads are dropped, the thread ends
     assert Counting.reads <= 4, Counting.reads
+
+
+def epoch_labels(reader: ShardReader, epoch: int, ahead: bool = False) -> list[int]:
+    return np.concatenate([y for _, y in reader.epoch(epoch, 60, 32, 3, ahead)]).tolist()
+
+
+def test_reading_ahead_across_epochs_keeps_each_epochs_order(tmp_path: Path) -> None:
+    write_shard(tmp_path, 2000, 300)
+    plain = ShardReader(str(tmp_path))
+    expected = [epoch_labels(plain, e) for e in range(3)]
+    ahead = ShardReader(str(tmp_path))
+    ahead.prefetch(0, 3)
+    assert [epoch_labels(ahead, e, ahead=True) for e in range(3)] == expected
+    ahead.prefetch(5, 3)  # a resume elsewhere: the prefetched epoch is not the one asked for
+    assert epoch_labels(ahead, 1) == expected[1]
+
+
+def test_an_epoch_read_ahead_reads_the_next_before_its_end(tmp_path: Path) -> None:
+    write_shard(tmp_path, 8000, 500, files=1)  # 16 row groups
+
+    class Logged(ShardReader):
+        def _read(self, unit: stream_module.Unit) -> tuple[np.ndarray, np.ndarray]:
+            log.append(unit.index)
+            return super()._read(unit)
+
+    log: list[int] = []
+    reader = Logged(str(tmp_path), read_ahead=2)
+    epoch0 = [u.index for u in reader._epoch_pass(0, 3, False).units]
+    epoch1 = [u.index for u in reader._epoch_pass(1, 3, False).units]
+    for _ in reader.epoch(0, 8000 // 32, 32, 3, ahead=True):
+        pass
+    reader._pool.shutdown(wait=True)  # type: ignore[union-attr]  # the pending reads done
+    # Epoch 0's row groups once each, then epoch 1's first ones: at most read_ahead + 1.
+    assert log[:16] == epoch0 and 1 <= len(log) - 16 <= 3 and log[16:] == epoch1[: len(log) - 16]
+
+
+def test_the_last_epoch_reads_nothing_ahead(tmp_path: Path) -> None:
+    write_shard(tmp_path, 2000, 300)
+    data = rank_data(tmp_path / "d", "on")
+    data.epochs = 2
+    assert data._ahead(0) and not data._ahead(1)
+    for _ in data.batches(1):
+        pass
+    reader = data.reader("train")
+    assert not reader._queue and not reader._passes and reader._pool is None  # thread ended
+
+
+def test_an_epoch_stopped_early_reads_nothing_ahead(tmp_path: Path) -> None:
+    write_shard(tmp_path, 2000, 300)
+    reader = ShardReader(str(tmp_path))
+    it = reader.epoch(0, 60, 32, 3, ahead=True)
+    next(it)
+    it.close()  # a failed step, or a full-mode loop that stopped: no next epoch is read
+    assert not reader._queue and not reader._passes and reader._pool is None
 
 
 def test_more_steps_than_rows_is_refused(tmp_path: Path) -> None:

@@ -57,6 +57,21 @@ def test_every_engine_test_among_the_unit_tests_is_in_an_engine_stream(testplan)
     assert marked <= paths, f"engine tests in tests/unit in no engine stream: {marked - paths}"
 
 
+def test_every_module_among_the_unit_tests_runs_in_a_tier(testplan):
+    """A module of tests/unit without the unit marker and in no engine stream runs nowhere:
+    the fast tier selects `-m unit`, the engine streams take only the modules they name."""
+    paths = {p for s in testplan.ENGINE for p in s.paths}
+    nowhere = sorted(
+        str(f.relative_to(ROOT))
+        for f in (ROOT / "tests" / "unit").glob("test_*.py")
+        if "pytest.mark.unit" not in f.read_text() and str(f.relative_to(ROOT)) not in paths
+    )
+    assert not nowhere, (
+        f"modules of tests/unit that no tier runs: {nowhere}; mark them "
+        "`pytestmark = pytest.mark.unit`, or name an engine test's module in an ENGINE stream"
+    )
+
+
 def test_the_tiers_are_graphs_each_stream_needing_only_streams_before_it(testplan):
     testplan.check_graph(testplan.FAST)
     testplan.check_graph(testplan.ENGINE)

@@ -101,6 +101,7 @@ class RankData:
     steps_per_epoch: int
     choice: InputChoice
     start_epoch: int = 0  # the first epoch of this attempt's fit (a resume starts later)
+    epochs: int = 0  # the run's epochs: a streamed epoch before the last reads the next ahead
     _arrays: dict[str, tuple[np.ndarray, np.ndarray]] = field(default_factory=dict)
     _labels: dict[str, np.ndarray] = field(default_factory=dict)  # streamed: labels alone
     _readers: dict[str, ShardReader] = field(default_factory=dict)
@@ -115,21 +116,24 @@ class RankData:
         steps_per_epoch: int,
         setting: str,
         limit: int | None = None,
+        epochs: int = 0,
     ) -> RankData:
         rows = info.shard_rows[rank] + info.val_rows
         limit = cgroup_of(os.getpid()).limit_bytes if limit is None else limit
         choice = choose_input(setting, rows, info.n_features, limit, info.feature_bytes)
-        return cls(info, rank, seed, batch_size, steps_per_epoch, choice)
+        return cls(info, rank, seed, batch_size, steps_per_epoch, choice, epochs=epochs)
 
     def open(self) -> None:
         """Read the arrays now (memory), or open the readers (stream: the files' metadata, and
-        pyarrow's Parquet reader imported), so that the rank's start-up pays for it, not its
-        first step."""
+        pyarrow's Parquet reader imported) and start reading the first epoch's row groups, so
+        that the rank's start-up pays for it, not its first step."""
         for part in ("train", "val"):
             if self.streams:
                 self.reader(part)
             else:
                 self.arrays(part)
+        if self.streams:
+            self.reader("train").prefetch(self.start_epoch, self.seed + self.rank)
 
     @property
     def streams(self) -> bool:
@@ -177,7 +181,7 @@ class RankData:
         steps = self.steps_per_epoch * self.batch_size // batch
         seed = self.seed + self.rank
         if self.streams:
-            yield from self.reader("train").epoch(epoch, steps, batch, seed)
+            yield from self.reader("train").epoch(epoch, steps, batch, seed, self._ahead(epoch))
             return
         x, y = self.arrays("train")
         order = np.random.default_rng([seed, epoch]).permutation(len(x))
@@ -189,7 +193,13 @@ class RankData:
         """Epoch `epoch`'s rows of a streaming rank, as `batches` gives them, in chunks of
         whole batches (a row group's worth each)."""
         steps = self.steps_per_epoch * self.batch_size // batch
-        yield from self.reader("train").epoch_chunks(epoch, steps, batch, self.seed + self.rank)
+        seed = self.seed + self.rank
+        yield from self.reader("train").epoch_chunks(epoch, steps, batch, seed, self._ahead(epoch))
+
+    def _ahead(self, epoch: int) -> bool:
+        """Whether a streamed epoch reads the next one's first row groups before it ends: not
+        the run's last (`epochs`; 0: unknown, always)."""
+        return not self.epochs or epoch + 1 < self.epochs
 
     def val_batches(self, batch: int = 0) -> Iterator[tuple[Any, Any]]:
         """Every validation row once, in batches of `batch` (default: the larger of batch_size

@@ -23,11 +23,11 @@ from __future__ import annotations
 
 import time
 from collections import deque
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Generator, Iterator, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 
@@ -53,8 +53,29 @@ class Unit:
     rows: int
 
 
+@dataclass
+class Pass:
+    """One pass over a shard's row groups in one order: an epoch (its `rng` drew the order
+    and then shuffles each row group's rows) or a validation pass. `submitted` of its `units`
+    are being read or were, `taken` of them were consumed. `follow` makes the pass after it
+    (an epoch's next), read ahead once all of this one's reads are under way."""
+
+    key: tuple[Any, ...]
+    units: list[Unit]
+    rng: np.random.Generator | None = None
+    follow: Callable[[], Pass] | None = None
+    submitted: int = 0
+    taken: int = 0
+
+
 class ShardReader:
-    """Batches of one shard directory (`path`), read a row group at a time."""
+    """Batches of one shard directory (`path`), read a row group at a time.
+
+    The reads run in one background thread, `read_ahead` row groups ahead of the one being
+    consumed. An epoch asked for with `ahead` has the next epoch's first row groups read while
+    its own last ones are consumed and while the rank validates and checkpoints, as a tf.data
+    pipeline reads across epochs; `prefetch` starts an epoch's reads before its first step
+    (in the rank's start-up). Either way at most ``read_ahead + 1`` row groups are held."""
 
     def __init__(
         self,
@@ -79,6 +100,9 @@ class ShardReader:
         if not self.units:
             raise DataError(f"shard {path!r} has no rows")
         self.wait_seconds = 0.0
+        self._pool: ThreadPoolExecutor | None = None
+        self._queue: deque[tuple[Pass, Future[tuple[np.ndarray, np.ndarray]]]] = deque()
+        self._passes: list[Pass] = []  # the pass being read and, once planned, its follower
 
     def _read(self, unit: Unit) -> tuple[np.ndarray, np.ndarray]:
         import pyarrow as pa
@@ -87,45 +111,101 @@ class ShardReader:
         table = pq.ParquetFile(unit.file).read_row_group(unit.index, columns=["features", "label"])
         return unit_arrays(table, pa, self.scale)
 
-    def _stream(self, units: list[Unit]) -> Iterator[tuple[np.ndarray, np.ndarray]]:
-        """The arrays of `units` in that order, `read_ahead` row groups ahead in a thread."""
+    def _epoch_pass(self, epoch: int, seed: int, ahead: bool) -> Pass:
+        """Epoch `epoch`'s pass: the row groups in the order seeded by `seed` and the epoch;
+        with `ahead`, the next epoch follows it."""
+        rng = np.random.default_rng([seed, epoch])
+        order = [self.units[i] for i in rng.permutation(len(self.units))]
+        follow = (lambda: self._epoch_pass(epoch + 1, seed, ahead)) if ahead else None
+        return Pass(("epoch", epoch, seed), order, rng, follow)
+
+    def prefetch(self, epoch: int, seed: int) -> None:
+        """Start reading epoch `epoch`'s first row groups now; asking for another epoch or
+        seed first drops them."""
+        if self.read_ahead:
+            self._begin(self._epoch_pass(epoch, seed, ahead=False))
+
+    def _begin(self, wanted: Pass) -> Pass:
+        """The pass read from here on: the one planned ahead with `wanted`'s key and nothing
+        consumed yet (its reads under way), else `wanted`; other passes' reads are dropped."""
+        current = next((p for p in self._passes if p.key == wanted.key and not p.taken), wanted)
+        current.follow = current.follow or wanted.follow
+        while self._queue and self._queue[0][0] is not current:
+            self._queue.popleft()[1].cancel()
+        self._passes = [current]
+        self._fill()
+        return current
+
+    def _fill(self) -> None:
+        """Submit reads until `read_ahead` + 1 are pending: the current pass's next row groups,
+        then its follower's first ones."""
+        while self._passes and len(self._queue) <= self.read_ahead:
+            last = self._passes[-1]
+            if last.submitted < len(last.units):
+                if self._pool is None:
+                    self._pool = ThreadPoolExecutor(1, thread_name_prefix="trainstack-read")
+                unit = last.units[last.submitted]
+                self._queue.append((last, self._pool.submit(self._read, unit)))
+                last.submitted += 1
+            elif len(self._passes) == 1 and last.follow is not None:
+                self._passes.append(last.follow())
+            else:
+                return
+
+    def _end(self, done: Pass, advance: bool) -> None:
+        """Pass `done` ended. Whole (`advance`) and followed: its follower becomes the current
+        pass, its reads going on. Else (its consumer stopped early or failed, or nothing
+        follows) every pending read is dropped and the thread ends."""
+        if not self._passes or self._passes[0] is not done:
+            return  # another pass began meanwhile, or this one was already ended
+        if advance and done.follow is not None:
+            self._begin(self._passes[1] if len(self._passes) > 1 else done.follow())
+            return
+        while self._queue:
+            self._queue.popleft()[1].cancel()
+        self._passes = []
+        if self._pool is not None:
+            self._pool.shutdown(wait=True, cancel_futures=True)  # a read under way finishes
+            self._pool = None
+
+    def _stream(self, wanted: Pass) -> Generator[tuple[np.ndarray, np.ndarray], None, None]:
+        """The arrays of `wanted`'s row groups in its order, read ahead in the thread."""
         if self.read_ahead == 0:
-            for unit in units:
+            for unit in wanted.units:
                 yield self._read(unit)
             return
-        pool = ThreadPoolExecutor(1, thread_name_prefix="trainstack-read")
-        pending: deque[Future[tuple[np.ndarray, np.ndarray]]] = deque()
-        todo = iter(units)
+        yield from self._arrays(self._begin(wanted))
+
+    def _arrays(self, current: Pass) -> Generator[tuple[np.ndarray, np.ndarray], None, None]:
+        """The arrays of `current` (the pass `_begin` made current), its reads under way."""
         try:
-            for unit in todo:
-                pending.append(pool.submit(self._read, unit))
-                if len(pending) > self.read_ahead:
-                    break
-            while pending:
-                future = pending.popleft()
-                start = time.perf_counter()
-                arrays = future.result()  # a read that had not finished: the input wait
-                self.wait_seconds += time.perf_counter() - start
-                nxt = next(todo, None)
-                if nxt is not None:
-                    pending.append(pool.submit(self._read, nxt))
+            for unit in current.units:
+                current.taken += 1
+                if self._queue and self._queue[0][0] is current:
+                    future = self._queue.popleft()[1]
+                    start = time.perf_counter()
+                    arrays = future.result()  # a read that had not finished: the input wait
+                    self.wait_seconds += time.perf_counter() - start
+                    self._fill()
+                else:  # another pass began on this reader meanwhile: read it here
+                    arrays = self._read(unit)
                 yield arrays
-        finally:  # the consumer stopped early (an epoch's last step) or failed
-            for future in pending:
-                future.cancel()
-            pool.shutdown(wait=True, cancel_futures=True)
+            self._end(current, advance=True)
+        finally:  # a consumer that stopped early or failed: nothing read ahead
+            self._end(current, advance=False)
 
     def epoch(
-        self, epoch: int, steps: int, batch: int, seed: int
+        self, epoch: int, steps: int, batch: int, seed: int, ahead: bool = False
     ) -> Iterator[tuple[np.ndarray, np.ndarray]]:
         """Exactly `steps` batches of `batch` rows: epoch `epoch`'s order (seeded by `seed`, the
-        rank's seed, and the epoch). Needs steps x batch <= the shard's rows."""
-        for x, y in self.epoch_chunks(epoch, steps, batch, seed):
+        rank's seed, and the epoch). Needs steps x batch <= the shard's rows. `ahead`: the
+        next epoch's reads start before this one ends."""
+        for x, y in self.epoch_chunks(epoch, steps, batch, seed, ahead):
             for k in range(len(y) // batch):
                 yield x[k * batch : (k + 1) * batch], y[k * batch : (k + 1) * batch]
 
     def epoch_chunks(
-        self, epoch: int, steps: int, batch: int, seed: int
+        self, epoch: int, steps: int, batch: int, seed: int, ahead: bool = False
     ) -> Iterator[tuple[np.ndarray, np.ndarray]]:
         """`epoch`'s rows in the order `epoch` gives them, a row group's worth at a time, each
         chunk a multiple of `batch` rows, `steps` x `batch` rows in all (for tf.data, which
@@ -134,30 +214,37 @@ class ShardReader:
             raise DataError(
                 f"shard {self.path!r} has {self.rows} rows, fewer than {steps} steps of {batch}"
             )
-        rng = np.random.default_rng([seed, epoch])
-        order = [self.units[i] for i in rng.permutation(len(self.units))]
+        plan = self._epoch_pass(epoch, seed, ahead)
+        # In the state a pass planned ahead with this key has: its order drawn.
+        rng = cast(np.random.Generator, plan.rng)
         left_x: np.ndarray | None = None
         left_y: np.ndarray | None = None
         wanted = steps * batch
-        for x, y in self._stream(order):
-            if left_x is not None and left_y is not None and len(left_x):
-                x, y = np.concatenate([left_x, x]), np.concatenate([left_y, y])
-            perm = rng.permutation(len(x))
-            full = min(len(x) // batch * batch, wanted)
-            if full:
-                take = perm[:full]
-                yield x[take], y[take]
-                wanted -= full
-            if not wanted:
-                return
-            rest = perm[full:]
-            left_x, left_y = x[rest], y[rest]
+        current = self._begin(plan) if self.read_ahead else plan
+        rows = self._arrays(current) if self.read_ahead else self._stream(plan)
+        try:
+            for x, y in rows:
+                if left_x is not None and left_y is not None and len(left_x):
+                    x, y = np.concatenate([left_x, x]), np.concatenate([left_y, y])
+                perm = rng.permutation(len(x))
+                full = min(len(x) // batch * batch, wanted)
+                if full:
+                    take = perm[:full]
+                    yield x[take], y[take]
+                    wanted -= full
+                if not wanted:  # the epoch's steps: its follower's reads go on
+                    self._end(current, advance=True)
+                    return
+                rest = perm[full:]
+                left_x, left_y = x[rest], y[rest]
+        finally:
+            rows.close()  # now, not when the generator is collected
 
     def batches(self, batch: int) -> Iterator[tuple[np.ndarray, np.ndarray]]:
         """Every row once, in file order, in batches of `batch` (the last one smaller)."""
         left_x: np.ndarray | None = None
         left_y: np.ndarray | None = None
-        for x, y in self._stream(self.units):
+        for x, y in self._stream(Pass(("all",), list(self.units))):
             if left_x is not None and len(left_x):
                 x, y = np.concatenate([left_x, x]), np.concatenate([left_y, y])
             full = len(x) // batch

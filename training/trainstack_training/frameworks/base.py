@@ -74,7 +74,13 @@ class RankRun:
         if self.spec.reads_own_data:
             return cast(RankData, NoRankData())
         return RankData.create(
-            self.info, self.rank, cfg.seed, cfg.batch_size, self.steps_per_epoch, cfg.data_stream
+            self.info,
+            self.rank,
+            cfg.seed,
+            cfg.batch_size,
+            self.steps_per_epoch,
+            cfg.data_stream,
+            epochs=cfg.epochs,
         )
 
     def touch(self) -> None:
