@@ -122,8 +122,7 @@ class ShardReader:
     def prefetch(self, epoch: int, seed: int) -> None:
         """Start reading epoch `epoch`'s first row groups now; asking for another epoch or
         seed first drops them."""
-        if self.read_ahead:
-            self._begin(self._epoch_pass(epoch, seed, ahead=False))
+        self._begin(self._epoch_pass(epoch, seed, ahead=False))
 
     def _begin(self, wanted: Pass) -> Pass:
         """The pass read from here on: the one planned ahead with `wanted`'s key and nothing
@@ -167,14 +166,6 @@ class ShardReader:
         if self._pool is not None:
             self._pool.shutdown(wait=True, cancel_futures=True)  # a read under way finishes
             self._pool = None
-
-    def _stream(self, wanted: Pass) -> Generator[tuple[np.ndarray, np.ndarray], None, None]:
-        """The arrays of `wanted`'s row groups in its order, read ahead in the thread."""
-        if self.read_ahead == 0:
-            for unit in wanted.units:
-                yield self._read(unit)
-            return
-        yield from self._arrays(self._begin(wanted))
 
     def _arrays(self, current: Pass) -> Generator[tuple[np.ndarray, np.ndarray], None, None]:
         """The arrays of `current` (the pass `_begin` made current), its reads under way."""
@@ -220,8 +211,8 @@ class ShardReader:
         left_x: np.ndarray | None = None
         left_y: np.ndarray | None = None
         wanted = steps * batch
-        current = self._begin(plan) if self.read_ahead else plan
-        rows = self._arrays(current) if self.read_ahead else self._stream(plan)
+        current = self._begin(plan)
+        rows = self._arrays(current)
         try:
             for x, y in rows:
                 if left_x is not None and left_y is not None and len(left_x):
@@ -244,7 +235,7 @@ class ShardReader:
         """Every row once, in file order, in batches of `batch` (the last one smaller)."""
         left_x: np.ndarray | None = None
         left_y: np.ndarray | None = None
-        for x, y in self._stream(Pass(("all",), list(self.units))):
+        for x, y in self._arrays(self._begin(Pass(("all",), list(self.units)))):
             if left_x is not None and len(left_x):
                 x, y = np.concatenate([left_x, x]), np.concatenate([left_y, y])
             full = len(x) // batch
